@@ -1,8 +1,52 @@
 """Online learners for adaptive-spec: bandit policies and contextual acceptance models.
 
-Engine-agnostic: this package imports only numpy and scipy.
+Engine-agnostic: this package imports only numpy and scipy. Every policy shares one
+interface (:class:`Policy`): ``pull`` / ``pull_batch``, ``update`` / ``update_batch`` /
+``update_full``, ``probabilities``, ``state_dict`` / ``load_state_dict``; build one by name
+with :func:`make_policy`. :class:`LogisticThompson` is the per-position acceptance model the
+controller keeps for each proposer.
 """
 
+from .base import ArmId, Policy
+from .discounted_thompson import DiscountedThompson
+from .discounted_ucb import DiscountedUCB
+from .epsilon_greedy import EpsilonGreedy
+from .exp3 import Exp3
+from .hedge import Hedge
+from .kl_ucb import KLUCB
+from .lin_ts import LinearThompson
+from .linucb import LinUCB
+from .linucb_hybrid import LinUCBHybrid
 from .logistic_ts import LogisticThompson
+from .logistic_ts_policy import LogisticThompsonPolicy
+from .registry import POLICIES, available_policies, make_policy, policy_class
+from .sw_ucb import SlidingWindowUCB
+from .thompson_beta import ThompsonBeta
+from .thompson_gaussian import ThompsonGaussian
+from .ucb1 import UCB1
+from .ucb_tuned import UCBTuned
 
-__all__ = ["LogisticThompson"]
+__all__ = [
+    "KLUCB",
+    "POLICIES",
+    "UCB1",
+    "ArmId",
+    "DiscountedThompson",
+    "DiscountedUCB",
+    "EpsilonGreedy",
+    "Exp3",
+    "Hedge",
+    "LinUCB",
+    "LinUCBHybrid",
+    "LinearThompson",
+    "LogisticThompson",
+    "LogisticThompsonPolicy",
+    "Policy",
+    "SlidingWindowUCB",
+    "ThompsonBeta",
+    "ThompsonGaussian",
+    "UCBTuned",
+    "available_policies",
+    "make_policy",
+    "policy_class",
+]

@@ -27,7 +27,7 @@ from ._validation import (
     rng_state,
 )
 
-__all__ = ["LogisticThompson"]
+__all__ = ["LogisticThompson", "laplace_update"]
 
 _STATE_VERSION = 1
 _MAX_NEWTON_ITERS = 50
@@ -259,53 +259,10 @@ class LogisticThompson:
         )
         if n == 0:
             return
-        prior_prec = self._prior_prec
-        q = prior_prec + self._discount * (self._prec - prior_prec)
-        m = self._mean
-        w = self._newton_map(X, y, s, m, q)
-        p = expit(X @ w)
-        self._prec = q + (X * X).T @ (s * p * (1.0 - p))
-        self._mean = w
+        self._mean, self._prec = laplace_update(
+            X, y, s, self._mean, self._prec, self._prior_prec, self._discount
+        )
         self._n_updates += n
-
-    @staticmethod
-    def _newton_map(
-        X: np.ndarray, y: np.ndarray, s: np.ndarray, m: np.ndarray, q: np.ndarray
-    ) -> np.ndarray:
-        """Minimise the penalised weighted log-loss by Newton's method with backtracking."""
-
-        def objective(w: np.ndarray, z: np.ndarray) -> float:
-            d = w - m
-            return 0.5 * float(d @ (q * d)) + float(s @ (np.logaddexp(0.0, z) - y * z))
-
-        w = m.copy()
-        z = X @ w
-        f = objective(w, z)
-        diag = np.arange(w.shape[0])
-        for _ in range(_MAX_NEWTON_ITERS):
-            p = expit(z)
-            grad = q * (w - m) + X.T @ (s * (p - y))
-            hess = (X.T * (s * p * (1.0 - p))) @ X
-            hess[diag, diag] += q
-            step = np.linalg.solve(hess, grad)
-            decrement = float(grad @ step)  # squared Newton decrement, >= 0
-            if 0.5 * decrement <= _NEWTON_TOL:
-                break
-            t = 1.0
-            while True:
-                w_new = w - t * step
-                z_new = X @ w_new
-                f_new = objective(w_new, z_new)
-                if f_new <= f - 1e-4 * t * decrement:
-                    break
-                t *= 0.5
-                if t < 1e-10:  # no decrease possible at machine precision: at the minimum
-                    return w
-            converged = f - f_new <= _NEWTON_TOL
-            w, z, f = w_new, z_new, f_new
-            if converged:
-                break
-        return w
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -400,3 +357,81 @@ class LogisticThompson:
             f"{type(self).__name__}(dim={self._dim}, prior_var={self._prior_var}, "
             f"discount={self._discount}, seed={self._seed}) [n_updates={self._n_updates}]"
         )
+
+
+def _newton_map(
+    X: np.ndarray, y: np.ndarray, s: np.ndarray, m: np.ndarray, q: np.ndarray
+) -> np.ndarray:
+    """Minimise the penalised weighted log-loss by Newton's method with backtracking."""
+
+    def objective(w: np.ndarray, z: np.ndarray) -> float:
+        d = w - m
+        return 0.5 * float(d @ (q * d)) + float(s @ (np.logaddexp(0.0, z) - y * z))
+
+    w = m.copy()
+    z = X @ w
+    f = objective(w, z)
+    diag = np.arange(w.shape[0])
+    for _ in range(_MAX_NEWTON_ITERS):
+        p = expit(z)
+        grad = q * (w - m) + X.T @ (s * (p - y))
+        hess = (X.T * (s * p * (1.0 - p))) @ X
+        hess[diag, diag] += q
+        step = np.linalg.solve(hess, grad)
+        decrement = float(grad @ step)  # squared Newton decrement, >= 0
+        if 0.5 * decrement <= _NEWTON_TOL:
+            break
+        t = 1.0
+        while True:
+            w_new = w - t * step
+            z_new = X @ w_new
+            f_new = objective(w_new, z_new)
+            if f_new <= f - 1e-4 * t * decrement:
+                break
+            t *= 0.5
+            if t < 1e-10:  # no decrease possible at machine precision: at the minimum
+                return w
+        converged = f - f_new <= _NEWTON_TOL
+        w, z, f = w_new, z_new, f_new
+        if converged:
+            break
+    return w
+
+
+def laplace_update(
+    X: np.ndarray,
+    y: np.ndarray,
+    s: np.ndarray,
+    mean: np.ndarray,
+    prec: np.ndarray,
+    prior_prec: float,
+    discount: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One batch step of Chapelle & Li (2011), Algorithm 3, with forgetting.
+
+    Inputs are assumed validated (finite, ``y`` in {0, 1}, ``s >= 0``); arrays are not modified.
+
+    Parameters
+    ----------
+    X : numpy.ndarray of float64, shape [n, dim]
+        Feature rows.
+    y : numpy.ndarray of float64, shape [n]
+        Labels in {0, 1}.
+    s : numpy.ndarray of float64, shape [n]
+        Non-negative sample weights.
+    mean, prec : numpy.ndarray of float64, shape [dim]
+        Current posterior mean and precisions (diagonal).
+    prior_prec : float
+        Prior precision ``q0`` that forgetting shrinks toward.
+    discount : float
+        Forgetting factor in (0, 1].
+
+    Returns
+    -------
+    (numpy.ndarray, numpy.ndarray)
+        New mean and precisions, float64 ``[dim]`` each.
+    """
+    q = prior_prec + discount * (prec - prior_prec)
+    w = _newton_map(X, y, s, mean, q)
+    p = expit(X @ w)
+    return w, q + (X * X).T @ (s * p * (1.0 - p))
