@@ -1,0 +1,52 @@
+"""``adaptive-spec``: the command line.
+
+Each subcommand lives in its own module exposing ``add_parser(subparsers)`` and ``main(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (subcommand, module): modules are imported lazily so `--help` stays fast.
+SUBCOMMANDS = (
+    ("run", "adaptive_spec.run"),
+    ("replay", "adaptive_spec.replay"),
+    ("record", "adaptive_spec.record"),
+    ("bench", "adaptive_spec.bench"),
+    ("distill", "adaptive_spec.distill"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="adaptive-spec",
+        description=(
+            "Adaptive speculative decoding for vLLM: a contextual-bandit controller chooses, per request "
+            "and per step, the proposer (none, n-gram, Jacobi, draft model) and k."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for _name, module in SUBCOMMANDS:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name == module:
+                continue  # this subcommand is not part of this build
+            raise
+        mod.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Online model of engine step time.
+
+The step time of a speculative engine is, to first order, linear in the batch size ``B`` and the number
+of draft tokens verified ``V`` (plus a draft-model term when a draft model runs), but the coefficients
+depend on the hardware and drift with load, so they are measured, never assumed: recursive least squares
+with exponential forgetting (Haykin, *Adaptive Filter Theory*, ch. 10) on
+``step_time ~ c0 + c1 * B + c2 * V``. Forgetting keeps the local linearisation near the current
+operating point, where the true curve is not linear (NOTES.md: verifying 8 tokens costs about 1.15x one
+token at batch 1 and 1.37x at batch 4 on the CPU here).
+
+Coefficients are clipped at the floor ``min_coef`` when predicting, so the model never claims that
+verification is free or that time can be negative, and a step time that is NaN, infinite, zero or
+negative is ignored and counted, never learned from.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+FEATURES = ("bias", "batch_size", "verified_tokens")
+
+
+class StepCostModel:
+    """Recursive least squares for step time (seconds) from ``(batch_size, verified_tokens)``.
+
+    Parameters
+    ----------
+    forgetting : float in (0, 1]
+        Weight kept by past observations at each update (1 = stationary).
+    prior_var : float > 0
+        Prior variance of each coefficient (seconds^2); the prior mean is zero except the intercept,
+        which starts at the first observed step time.
+    min_coef : float >= 0
+        Floor on the per-request and per-token coefficients when predicting (seconds).
+
+    Raises
+    ------
+    ValueError
+        For a parameter outside its range.
+    """
+
+    def __init__(
+        self, forgetting: float = 0.995, prior_var: float = 1.0, min_coef: float = 1e-6
+    ) -> None:
+        if not (0.0 < forgetting <= 1.0):
+            raise ValueError(f"forgetting={forgetting!r} is invalid; allowed: 0 < forgetting <= 1")
+        if not (prior_var > 0 and math.isfinite(prior_var)):
+            raise ValueError(f"prior_var={prior_var!r} is invalid; allowed: a finite number > 0")
+        if not (min_coef >= 0 and math.isfinite(min_coef)):
+            raise ValueError(f"min_coef={min_coef!r} is invalid; allowed: a finite number >= 0")
+        self.forgetting = float(forgetting)
+        self.prior_var = float(prior_var)
+        self.min_coef = float(min_coef)
+        self.theta = np.zeros(3)
+        self.P = np.eye(3) * self.prior_var
+        self.n_updates = 0
+        self.n_ignored = 0
+
+    @staticmethod
+    def _phi(batch_size: float, verified_tokens: float) -> np.ndarray:
+        return np.array([1.0, float(batch_size), float(verified_tokens)])
+
+    def update(self, batch_size: int, verified_tokens: int, step_time_s: float) -> bool:
+        """Learn from one step. Returns False (and counts it) when the observation is ignored."""
+        if (
+            not isinstance(step_time_s, int | float)
+            or not math.isfinite(step_time_s)
+            or step_time_s <= 0
+            or batch_size <= 0
+            or verified_tokens < 0
+        ):
+            self.n_ignored += 1
+            return False
+        if self.n_updates == 0:
+            self.theta[0] = step_time_s
+        x = self._phi(batch_size, verified_tokens)
+        lam = self.forgetting
+        Px = self.P @ x
+        gain = Px / (lam + x @ Px)
+        err = step_time_s - x @ self.theta
+        self.theta = self.theta + gain * err
+        self.P = (self.P - np.outer(gain, Px)) / lam
+        # Keep P symmetric and bounded (numerical hygiene for long runs with little excitation).
+        self.P = 0.5 * (self.P + self.P.T)
+        np.clip(self.P, -1e6, 1e6, out=self.P)
+        self.n_updates += 1
+        return True
+
+    def coefficients(self) -> tuple[float, float, float]:
+        """``(c0, c_batch, c_token)`` in seconds, floors applied."""
+        c0, cb, cv = self.theta
+        return (
+            max(float(c0), self.min_coef),
+            max(float(cb), self.min_coef),
+            max(float(cv), self.min_coef),
+        )
+
+    def predict(
+        self, batch_size: np.ndarray | float, verified_tokens: np.ndarray | float
+    ) -> np.ndarray:
+        """Predicted step time (seconds) for each ``(batch_size, verified_tokens)``; broadcasts."""
+        c0, cb, cv = self.coefficients()
+        return (
+            c0
+            + cb * np.asarray(batch_size, dtype=float)
+            + cv * np.asarray(verified_tokens, dtype=float)
+        )
+
+    def state_dict(self) -> dict:
+        return {
+            "forgetting": self.forgetting,
+            "prior_var": self.prior_var,
+            "min_coef": self.min_coef,
+            "theta": self.theta.tolist(),
+            "P": self.P.tolist(),
+            "n_updates": self.n_updates,
+            "n_ignored": self.n_ignored,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        theta = np.asarray(state["theta"], dtype=float)
+        P = np.asarray(state["P"], dtype=float)
+        if (
+            theta.shape != (3,)
+            or P.shape != (3, 3)
+            or not (np.isfinite(theta).all() and np.isfinite(P).all())
+        ):
+            raise ValueError("cost model state has wrong shapes or non-finite values")
+        self.forgetting = float(state["forgetting"])
+        self.prior_var = float(state["prior_var"])
+        self.min_coef = float(state["min_coef"])
+        self.theta, self.P = theta, P
+        self.n_updates = int(state["n_updates"])
+        self.n_ignored = int(state["n_ignored"])

@@ -1,0 +1,83 @@
+"""Building an in-process vLLM engine with speculative decoding enabled, as AdaptiveSpec needs it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+ENGINE_METHODS = ("ngram", "draft_model")
+
+
+def build_llm(
+    model: str | Path | None = None,
+    *,
+    dtype: str = "bfloat16",
+    max_k: int = 8,
+    concurrency: int = 4,
+    method: str = "ngram",
+    draft_model: str | Path | None = None,
+    max_model_len: int = 4096,
+    seed: int = 0,
+    enable_prefix_caching: bool = True,
+    kv_cache_gib: float = 1.0,
+    **kwargs: Any,
+) -> Any:
+    """Build a ``vllm.LLM`` whose engine core runs in this process, with speculative decoding.
+
+    Parameters
+    ----------
+    model : path, optional
+        Model directory; defaults to the embedded SmolLM2-135M-Instruct (:func:`default_model_path`).
+    dtype : {"bfloat16", "float32"}
+    max_k : int in 1..16
+        ``num_speculative_tokens``: the largest k any arm may use.
+    concurrency : int >= 1
+        ``max_num_seqs``: requests decoded together.
+    method : {"ngram", "draft_model"}
+        The engine's own proposer (its drafts are the fallback; ``draft_model`` enables the ``draft`` arm).
+    draft_model : path, optional
+        Required with ``method="draft_model"``.
+    kv_cache_gib : float
+        KV-cache size in GiB (SmolLM2-135M needs about 23 KB per token in bf16).
+
+    Raises
+    ------
+    ValueError
+        For a parameter outside its allowed values.
+    """
+    if not isinstance(max_k, int) or not 1 <= max_k <= 16:
+        raise ValueError(f"max_k={max_k!r} is invalid; allowed: an integer in 1..16")
+    if not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"concurrency={concurrency!r} is invalid; allowed: an integer >= 1")
+    if method not in ENGINE_METHODS:
+        raise ValueError(f"method={method!r} is invalid; allowed: {', '.join(ENGINE_METHODS)}")
+    if method == "draft_model" and draft_model is None:
+        raise ValueError("method='draft_model' needs draft_model=<path of a draft model directory>")
+    if dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"dtype={dtype!r} is invalid; allowed: bfloat16, float32")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM
+
+    if model is None:
+        from adaptive_spec.models import default_model_path
+
+        model = default_model_path(dtype)
+    spec: dict[str, Any] = {"method": method, "num_speculative_tokens": max_k}
+    if method == "ngram":
+        spec.update({"prompt_lookup_min": 2, "prompt_lookup_max": 4})
+    else:
+        spec["model"] = str(draft_model)
+    return LLM(
+        model=str(model),
+        dtype=dtype,
+        max_model_len=max_model_len,
+        max_num_seqs=concurrency,
+        seed=seed,
+        speculative_config=spec,
+        enable_prefix_caching=enable_prefix_caching,
+        # A fixed KV-cache size: vLLM's CPU backend otherwise reserves a fraction of the NUMA node's memory
+        # and refuses to start when other processes hold some of it.
+        kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)),
+        **kwargs,
+    )

@@ -1,0 +1,102 @@
+"""PNG plots (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_arm_choices(
+    steps: list[dict[str, Any]], path: str | Path, title: str = "Arm choices over time"
+) -> Path:
+    """Stacked share of request-steps per proposer, and mean k, over engine steps (from trace steps).
+
+    Returns the written path.
+    """
+    plt = _plt()
+    path = Path(path)
+    rows = [(i, r["arm"]) for i, s in enumerate(steps) for r in s.get("requests", [])]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True, height_ratios=[3, 1.3])
+    if rows:
+        n_steps = len(steps)
+        bins = max(1, min(80, n_steps // 5 or 1))
+        edges = np.linspace(0, n_steps, bins + 1)
+        proposers = sorted({a.split(":")[0] if a != "none" else "none" for _, a in rows})
+        counts = {p: np.zeros(bins) for p in proposers}
+        ksum = np.zeros(bins)
+        total = np.zeros(bins)
+        for i, arm in rows:
+            b = min(int(np.searchsorted(edges, i, side="right")) - 1, bins - 1)
+            p = "none" if arm == "none" else arm.rsplit(":", 1)[0]
+            counts[p][b] += 1
+            ksum[b] += 0 if arm == "none" else int(arm.rsplit(":", 1)[1])
+            total[b] += 1
+        centers = 0.5 * (edges[:-1] + edges[1:])
+        safe = np.maximum(total, 1)
+        colors = {"none": "#bbbbbb", "ngram": "#1f77b4", "jacobi": "#ff7f0e", "draft": "#2ca02c"}
+        ax1.stackplot(
+            centers,
+            *[counts[p] / safe for p in proposers],
+            labels=proposers,
+            colors=[colors.get(p) for p in proposers],
+            alpha=0.9,
+        )
+        ax1.set_ylim(0, 1)
+        ax1.legend(loc="upper right", fontsize=8)
+        ax2.plot(centers, ksum / safe, color="black")
+    ax1.set_ylabel("share of request-steps")
+    ax1.set_title(title)
+    ax2.set_ylabel("mean k")
+    ax2.set_xlabel("engine step")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_bars(
+    values: dict[str, float],
+    path: str | Path,
+    *,
+    title: str,
+    ylabel: str,
+    baseline: float | None = None,
+) -> Path:
+    """A simple labelled bar chart (e.g. goodput per configuration)."""
+    plt = _plt()
+    path = Path(path)
+    fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(values) + 2), 4))
+    names = list(values)
+    ax.bar(range(len(names)), [values[n] for n in names], color="#1f77b4")
+    ax.set_xticks(range(len(names)), names, rotation=40, ha="right", fontsize=8)
+    if baseline is not None:
+        ax.axhline(baseline, color="gray", linestyle="--", linewidth=1)
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def arm_mix(counter: dict[str, int], top: int = 4) -> str:
+    """``"ngram:8 41%, none 30%, ..."`` for a table cell."""
+    total = sum(counter.values())
+    if not total:
+        return "-"
+    items = Counter(counter).most_common(top)
+    return ", ".join(f"{a} {100 * c / total:.0f}%" for a, c in items)

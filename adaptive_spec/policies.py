@@ -1,0 +1,64 @@
+"""Policy names, as accepted by ``AdaptiveSpec(policy=...)`` and the CLI's ``--policy``.
+
+* ``adaptive`` (default): :class:`~adaptive_spec.controller.AdaptiveController`, Thompson exploration;
+* ``adaptive-ucb``, ``adaptive-greedy``, ``adaptive-eps``: the same controller with UCB, no, or
+  epsilon-greedy exploration (the last logs exact propensities for off-policy evaluation);
+* ``static:<proposer>:<k>`` or ``none``: :class:`~adaptive_spec.baselines.StaticPolicy`;
+* ``table:<proposer>:<start>-<end>=<k>,...``: vLLM's batch-size table
+  (:class:`~adaptive_spec.baselines.BatchSizeTablePolicy`).
+"""
+
+from __future__ import annotations
+
+from adaptive_spec.arms import Arm
+from adaptive_spec.baselines import BatchSizeTablePolicy, StaticPolicy
+from adaptive_spec.controller import AdaptiveController, SpecPolicy
+
+POLICY_NAMES = (
+    "adaptive",
+    "adaptive-ucb",
+    "adaptive-greedy",
+    "adaptive-eps",
+    "none",
+    "static:<proposer>:<k>",
+    "table:<proposer>:<start>-<end>=<k>,...",
+)
+_EXPLORATION = {
+    "adaptive": "thompson",
+    "adaptive-ucb": "ucb",
+    "adaptive-greedy": "greedy",
+    "adaptive-eps": "eps-greedy",
+}
+
+
+def make_policy(name: str, proposers: list[str], max_k: int, *, seed: int = 0) -> SpecPolicy:
+    """Build a policy from its name (see the module docstring).
+
+    Raises
+    ------
+    ValueError
+        For an unknown name, or an arm/proposer/k the engine cannot run.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"policy={name!r} is invalid; allowed: {', '.join(POLICY_NAMES)}")
+    if name in _EXPLORATION:
+        return AdaptiveController(proposers, max_k, exploration=_EXPLORATION[name], seed=seed)
+    if name == "none":
+        return StaticPolicy(proposers, max_k, Arm.parse("none"))
+    if name.startswith("static:"):
+        return StaticPolicy(proposers, max_k, Arm.parse(name.removeprefix("static:")))
+    if name.startswith("table:"):
+        rest = name.removeprefix("table:")
+        proposer, _, spec = rest.partition(":")
+        rows = []
+        try:
+            for part in spec.split(","):
+                rng, _, k = part.partition("=")
+                start, _, end = rng.partition("-")
+                rows.append([int(start), int(end), int(k)])
+        except ValueError:
+            raise ValueError(
+                f"policy={name!r} is invalid; expected e.g. 'table:ngram:1-2=8,3-8=4,9-256=1'"
+            ) from None
+        return BatchSizeTablePolicy(proposers, max_k, proposer, rows)
+    raise ValueError(f"policy={name!r} is not known; allowed: {', '.join(POLICY_NAMES)}")

@@ -1,0 +1,98 @@
+"""Saving and loading a policy's learned state: versioned JSON, written atomically.
+
+The file is ``{"format": "adaptive-spec-policy-state", "version": 1, "policy": name, "state": {...}}``.
+It is written to a temporary file in the same directory, flushed and fsync'ed, then renamed over the
+target (an atomic replace on POSIX), so a crash never leaves a half-written state. On load, a file that
+is not valid JSON, has another format or version, or does not fit the policy (other proposers, max_k or
+feature layout) is refused with a clear log line and the policy keeps its fresh state: it is never
+half-loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from adaptive_spec.controller import SpecPolicy
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "adaptive-spec-policy-state"
+VERSION = 1
+
+
+def save_policy_state(policy: SpecPolicy, path: str | Path) -> None:
+    """Write ``policy.state_dict()`` to ``path`` atomically (temporary file, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "format": FORMAT,
+        "version": VERSION,
+        "policy": policy.name,
+        "state": policy.state_dict(),
+    }
+    data = json.dumps(payload)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def load_policy_state(policy: SpecPolicy, path: str | Path) -> bool:
+    """Load a state file into ``policy``. Returns True when loaded; False (with a warning naming the
+    reason) when the file is missing, corrupt or incompatible, leaving ``policy`` unchanged."""
+    path = Path(path)
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError) as e:
+        logger.warning("policy state %s refused: not readable JSON (%s); starting fresh", path, e)
+        return False
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        logger.warning(
+            "policy state %s refused: not an adaptive-spec policy state; starting fresh", path
+        )
+        return False
+    if payload.get("version") != VERSION:
+        logger.warning(
+            "policy state %s refused: version %r, this build reads %d; starting fresh",
+            path,
+            payload.get("version"),
+            VERSION,
+        )
+        return False
+    if payload.get("policy") != policy.name:
+        logger.warning(
+            "policy state %s refused: saved by policy %r, this engine runs %r; starting fresh",
+            path,
+            payload.get("policy"),
+            policy.name,
+        )
+        return False
+    try:
+        policy.load_state_dict(payload["state"])
+    except (KeyError, TypeError, ValueError) as e:
+        logger.warning("policy state %s refused: incompatible (%s); starting fresh", path, e)
+        return False
+    logger.info("policy state loaded from %s", path)
+    return True
