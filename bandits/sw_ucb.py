@@ -83,10 +83,11 @@ class SlidingWindowUCB(Policy):
 
     def _learn(self, idx: np.ndarray, r: np.ndarray, X: np.ndarray | None) -> None:
         n, w = idx.shape[0], self.window
-        if n >= w:
-            self._buf_arm[:] = idx[-w:]
-            self._buf_reward[:] = r[-w:]
-            self._pos = 0
+        if n >= w:  # the batch fills the whole window; keep the ring layout of n single updates
+            slots = (self._pos + np.arange(n - w, n)) % w
+            self._buf_arm[slots] = idx[-w:]
+            self._buf_reward[slots] = r[-w:]
+            self._pos = (self._pos + n) % w
             self._recount()
             return
         slots = (self._pos + np.arange(n)) % w
