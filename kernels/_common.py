@@ -26,7 +26,7 @@ def triton_status() -> tuple[bool, str]:
         ``(False, reason)`` with the exception text.
     """
     try:
-        import triton  # noqa: F401
+        import triton
         import triton.language  # noqa: F401
     except Exception as exc:  # any failure (missing, broken CUDA libs) means "no Triton"
         return False, f"import triton failed: {type(exc).__name__}: {exc}"

@@ -152,7 +152,9 @@ def ngram_match_reference(
     best = m.max(dim=1).values if w else torch.zeros(b, dtype=torch.int64, device=dev)
     n = torch.where(best >= min_n, best, torch.zeros_like(best))
     hit = (m >= n[:, None]) & (n[:, None] > 0) & e_ok
-    e_star = torch.where(hit, pos[None, :], torch.full_like(m, -1)).max(dim=1).values if w else n - 1
+    e_star = (
+        torch.where(hit, pos[None, :], torch.full_like(m, -1)).max(dim=1).values if w else n - 1
+    )
     num = torch.where(n > 0, cap, torch.zeros_like(cap))
     out = torch.full((b, max_k), -1, dtype=torch.int64, device=dev)
     if max_k and w:

@@ -166,9 +166,7 @@ def _check_args(
         cu = cu_num_draft_tokens.to(torch.int64)
         counts = cu - torch.cat([cu.new_zeros(1), cu[:-1]])
         if bool((counts < 0).any()):
-            raise ValueError(
-                f"cu_num_draft_tokens={cu.tolist()} must be non-decreasing and >= 0"
-            )
+            raise ValueError(f"cu_num_draft_tokens={cu.tolist()} must be non-decreasing and >= 0")
         if int(cu[-1]) != n_draft:
             raise ValueError(
                 f"cu_num_draft_tokens[-1]={int(cu[-1])} must equal len(draft_token_ids)={n_draft}"
@@ -220,7 +218,9 @@ def verify_reference(
     out = torch.full((b, max_k + 1), -1, dtype=torch.int64, device=dev)
     if b == 0:
         empty = torch.zeros(0, dtype=torch.int64, device=dev)
-        return VerifyOutput(out, empty, empty.clone(), torch.zeros(0, dtype=torch.int64, device=dev))
+        return VerifyOutput(
+            out, empty, empty.clone(), torch.zeros(0, dtype=torch.int64, device=dev)
+        )
 
     if temperature is None:
         greedy = torch.ones(b, dtype=torch.bool, device=dev)
