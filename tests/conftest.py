@@ -25,3 +25,32 @@ def tiny_model_dir(default_model_dir: Path) -> Path:
     from tests.tiny_model import make_tiny_model
 
     return make_tiny_model(cache_dir() / "tiny-llama-f32-v1", default_model_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_llm(tiny_model_dir: Path):
+    """One in-process vLLM engine per test session (NOTES.md: several LLMs in one process are fragile):
+    the tiny float32 model, n-gram method, num_speculative_tokens = 4, up to 4 requests at once."""
+    from adaptive_spec.engine import build_llm
+
+    return build_llm(
+        tiny_model_dir,
+        dtype="float32",
+        max_k=4,
+        concurrency=4,
+        max_model_len=2048,
+        enforce_eager=True,
+        kv_cache_gib=0.25,
+    )
+
+
+def tiny_prompts(n: int, length: int = 12, seed: int = 0) -> list[list[int]]:
+    """Deterministic prompts of token ids with some repetition (so n-gram lookups find matches)."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        base = [rng.randrange(3, 49000) for _ in range(length // 2)]
+        out.append(base + base[: length - len(base)])
+    return out

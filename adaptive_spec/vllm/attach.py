@@ -29,7 +29,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,8 +45,10 @@ from adaptive_spec.controller import (
 )
 from adaptive_spec.metrics import SpecMetrics
 from adaptive_spec.policies import make_policy
-from adaptive_spec.proposers import JacobiProposer, NgramProposer, ProposalRequest
 from adaptive_spec.trace import TraceWriter
+
+if TYPE_CHECKING:
+    from adaptive_spec.proposers.base import ProposalRequest
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +103,30 @@ def _model_runner(core: Any) -> Any:
                 f"the model runner {type(runner).__name__} lacks {attr!r}: not a vLLM 0.32 V1 runner"
             )
     return runner
+
+
+class _TokenBuffer:
+    """A request's token history (prompt + committed output) as a growable int64 array, so the per-step
+    proposers get a view without copying the whole history."""
+
+    __slots__ = ("arr", "n")
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        self.arr = np.empty(max(64, 2 * len(tokens)), dtype=np.int64)
+        self.n = 0
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        m = len(tokens)
+        if self.n + m > len(self.arr):
+            grown = np.empty(max(2 * len(self.arr), self.n + m), dtype=np.int64)
+            grown[: self.n] = self.arr[: self.n]
+            self.arr = grown
+        self.arr[self.n : self.n + m] = tokens
+        self.n += m
+
+    def view(self) -> np.ndarray:
+        return self.arr[: self.n]
 
 
 class AdaptiveSpec:
@@ -214,6 +240,8 @@ class AdaptiveSpec:
         self.vocab_size = int(core.vllm_config.model_config.get_vocab_size())
         self.max_model_len = int(core.vllm_config.model_config.max_model_len)
         self.proposers: dict[str, Any] = {}
+        if "ngram" in proposers or "jacobi" in proposers:
+            from adaptive_spec.proposers import JacobiProposer, NgramProposer
         if "ngram" in proposers:
             self.proposers["ngram"] = NgramProposer(
                 min_n=ngram_min, max_n=ngram_max, max_k=self.max_k
@@ -242,7 +270,7 @@ class AdaptiveSpec:
                 },
             )
         # Per-request bookkeeping.
-        self._tokens: dict[str, list[int]] = {}
+        self._tokens: dict[str, _TokenBuffer] = {}
         self._category: dict[str, str | None] = {}
         self._chosen: dict[str, tuple[Arm, float | None, list[float], dict[str, list[int]]]] = {}
         self._last: dict[
@@ -424,7 +452,7 @@ class AdaptiveSpec:
         rows: list[dict[str, Any]] = []
         for rid, (r, n_before) in reqs.items():
             if rid not in self._tokens:
-                self._tokens[rid] = list(r.prompt_token_ids or [])
+                self._tokens[rid] = _TokenBuffer(r.prompt_token_ids or [])
                 cat = None
                 if self.category_of is not None:
                     try:
@@ -567,17 +595,21 @@ class AdaptiveSpec:
             if toks is None or r.is_finished() or r.is_prefill_chunk:
                 continue
             remaining = min(r.max_tokens - r.num_output_tokens, self.max_model_len - r.num_tokens)
-            last = self._last.get(rid)
-            pr = ProposalRequest(
-                req_id=rid,
-                token_ids=np.asarray(toks, dtype=np.int64),
-                max_new_tokens=int(remaining),
-                vocab_size=self.vocab_size,
-                last_draft=last[0] if last is not None else None,
-                last_target_argmax=last[1] if last is not None else None,
-                last_accepted=last[2] if last is not None else 0,
-            )
-            preqs.append(pr)
+            if self.proposers:
+                from adaptive_spec.proposers.base import ProposalRequest
+
+                last = self._last.get(rid)
+                preqs.append(
+                    ProposalRequest(
+                        req_id=rid,
+                        token_ids=toks.view(),
+                        max_new_tokens=int(remaining),
+                        vocab_size=self.vocab_size,
+                        last_draft=last[0] if last is not None else None,
+                        last_target_argmax=last[1] if last is not None else None,
+                        last_accepted=last[2] if last is not None else 0,
+                    )
+                )
             live.append(r)
             sp = r.sampling_params
             views.append(

@@ -1,0 +1,204 @@
+"""AdaptiveSpec on a real in-process vLLM engine (tiny float32 model): attach/detach, refusals, faults,
+and greedy identity under arm schedules that change every step."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from adaptive_spec.arms import NO_SPEC, Arm
+from adaptive_spec.controller import Decision, SpecPolicy, StepView
+from tests.conftest import tiny_prompts
+
+pytestmark = pytest.mark.vllm
+
+vllm = pytest.importorskip(
+    "vllm", reason="vLLM's CPU build is not installed (pip install -e '.[cpu]')"
+)
+
+
+def _generate(llm, prompts, max_tokens=32, **kw):
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llm):
+    """No-speculation outputs: every request k = 0 through the controller."""
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    prompts = tiny_prompts(6, seed=1)
+    with AdaptiveSpec(tiny_llm, ["none"], policy="none"):
+        ref = _generate(tiny_llm, prompts, max_tokens=40)
+    return prompts, ref
+
+
+class CyclingPolicy(SpecPolicy):
+    """Changes proposer and k every step (and per request), through ``arms`` in turn."""
+
+    name = "cycling"
+
+    def __init__(self, proposers, max_k, arms):
+        super().__init__(proposers, max_k)
+        self.arms = arms
+        self.t = 0
+
+    def decide(self, view: StepView) -> Decision:
+        out = []
+        for i, _r in enumerate(view.requests):
+            out.append(self.arms[(self.t + i) % len(self.arms)])
+        self.t += 1
+        return Decision(out, [None] * len(out), [[] for _ in out])
+
+
+class RaisingPolicy(SpecPolicy):
+    name = "raising"
+
+    def __init__(self, proposers, max_k, every=1):
+        super().__init__(proposers, max_k)
+        self.every, self.t = every, 0
+
+    def decide(self, view: StepView) -> Decision:
+        self.t += 1
+        if self.t % self.every == 0:
+            raise RuntimeError("policy bug")
+        return Decision(
+            [Arm("ngram", 2)] * len(view.requests),
+            [None] * len(view.requests),
+            [[]] * len(view.requests),
+        )
+
+
+def test_attach_detach_restores_engine(tiny_llm, reference):
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    core = tiny_llm.llm_engine.engine_core.engine_core
+    sched = core.scheduler
+    rs = core.model_executor.driver_worker.worker.model_runner.rejection_sampler
+    before = {id(o): set(vars(o)) for o in (core, sched, rs)}
+    spec = AdaptiveSpec(tiny_llm, ["none", "ngram", "jacobi"])
+    assert "update_draft_token_ids" in vars(sched) and "post_step" in vars(core)
+    spec.detach()
+    for o in (core, sched, rs):
+        assert set(vars(o)) == before[id(o)], f"{type(o).__name__} keeps patched attributes"
+    # The engine alone (vLLM's own n-gram speculation) gives the same greedy tokens in float32.
+    prompts, ref = reference
+    assert _generate(tiny_llm, prompts, max_tokens=40) == ref
+    spec.detach()  # idempotent
+
+
+@pytest.mark.parametrize(
+    "proposers",
+    [["none", "ngram"], ["none", "jacobi"], ["none", "ngram", "jacobi"]],
+)
+def test_greedy_identity_adaptive(tiny_llm, reference, proposers):
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    prompts, ref = reference
+    with AdaptiveSpec(tiny_llm, proposers, policy="adaptive", seed=3) as spec:
+        out = _generate(tiny_llm, prompts, max_tokens=40)
+    assert out == ref
+    st = spec.stats()
+    assert st["faults"] == 0
+    assert st["by_category"]["all"]["emitted"] == sum(len(o) for o in ref)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 7, 40])
+def test_greedy_identity_arm_changes_every_step(tiny_llm, reference, max_tokens):
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    prompts, ref = reference
+    arms = [
+        Arm("ngram", 4),
+        NO_SPEC,
+        Arm("jacobi", 1),
+        Arm("ngram", 1),
+        Arm("jacobi", 4),
+        Arm("ngram", 2),
+        Arm("jacobi", 2),
+    ]
+    policy = CyclingPolicy(["ngram", "jacobi"], 4, arms)
+    with AdaptiveSpec(tiny_llm, ["none", "ngram", "jacobi"], policy=policy) as spec:
+        out = _generate(tiny_llm, prompts, max_tokens=max_tokens)
+    assert out == [r[:max_tokens] for r in ref]
+    st = spec.stats()
+    assert st["faults"] == 0
+    assert all(len(o) == max_tokens for o in out)  # max_tokens is exact
+
+
+def test_controller_fault_falls_back(tiny_llm, reference):
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    prompts, ref = reference
+    policy = RaisingPolicy(["ngram"], 4, every=2)
+    with AdaptiveSpec(tiny_llm, ["none", "ngram"], policy=policy) as spec:
+        out = _generate(tiny_llm, prompts, max_tokens=40)
+    assert out == ref
+    assert spec.faults > 0
+    assert spec.stats()["faults"] == spec.faults
+
+
+def test_refusals(tiny_llm, monkeypatch):
+    from adaptive_spec.vllm import AdaptiveSpec, AttachError
+    from adaptive_spec.vllm import attach as attach_mod
+
+    with pytest.raises(ValueError, match="proposer='magic'"):
+        AdaptiveSpec(tiny_llm, ["none", "magic"])
+    with pytest.raises(ValueError, match="draft model"):
+        AdaptiveSpec(tiny_llm, ["none", "draft"])
+    with pytest.raises(ValueError, match=r"k=9 is out of range; allowed: 0..4"):
+        AdaptiveSpec(tiny_llm, ["none", "ngram"], policy="static:ngram:9")
+    with pytest.raises(ValueError, match="policy='bogus'"):
+        AdaptiveSpec(tiny_llm, ["none", "ngram"], policy="bogus")
+    with pytest.raises(AttachError, match="vllm.LLM"):
+        AdaptiveSpec(object())
+    mp_llm = types.SimpleNamespace(
+        llm_engine=types.SimpleNamespace(engine_core=types.SimpleNamespace())
+    )
+    with pytest.raises(AttachError, match="VLLM_ENABLE_V1_MULTIPROCESSING=0"):
+        AdaptiveSpec(mp_llm)
+    v2 = type("GPUModelRunner", (), {"__module__": "vllm.v1.worker.gpu.model_runner"})()
+    core = types.SimpleNamespace(
+        model_executor=types.SimpleNamespace(
+            driver_worker=types.SimpleNamespace(worker=types.SimpleNamespace(model_runner=v2))
+        )
+    )
+    with pytest.raises(AttachError, match="V2 model runner"):
+        attach_mod._model_runner(core)
+    monkeypatch.setattr(vllm, "__version__", "0.31.9")
+    with pytest.raises(AttachError, match=r"supports vLLM 0\.32\.0 exactly"):
+        AdaptiveSpec(tiny_llm)
+    # Nothing was left attached by the refused constructions.
+    sched = tiny_llm.llm_engine.engine_core.engine_core.scheduler
+    assert "update_draft_token_ids" not in vars(sched)
+
+
+def test_trace_written(tiny_llm, reference, tmp_path):
+    from adaptive_spec.trace import read_trace
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    prompts, ref = reference
+    path = tmp_path / "trace.jsonl"
+    with AdaptiveSpec(tiny_llm, ["none", "ngram", "jacobi"], trace=path):
+        _generate(tiny_llm, prompts, max_tokens=40)
+    tr = read_trace(path)
+    assert not tr.truncated and tr.end is not None
+    assert tr.header["max_k"] == 4 and tr.header["version"] == 1
+    assert len(tr.requests) == len(prompts)
+    emitted = sum(r["emitted"] for s in tr.steps for r in s["requests"])
+    assert emitted == sum(len(o) for o in ref)
+    for s in tr.steps:
+        assert s["step_time_s"] > 0
+        for r in s["requests"]:
+            assert 0 <= r["accepted"] <= r["drafted"] and r["emitted"] <= r["accepted"] + 1
+            assert len(r["emitted_token_ids"]) == r["emitted"]
+    # Output tokens reassembled from the trace equal the generated ones.
+    by_req: dict[str, list[int]] = {}
+    for s in tr.steps:
+        for r in s["requests"]:
+            by_req.setdefault(r["req_id"], []).extend(r["emitted_token_ids"])
+    assert sorted(map(tuple, by_req.values())) == sorted(map(tuple, ref))
