@@ -154,7 +154,7 @@ def test_refusals(tiny_llm, monkeypatch):
         AdaptiveSpec(tiny_llm, ["none", "ngram"], policy="static:ngram:9")
     with pytest.raises(ValueError, match="policy='bogus'"):
         AdaptiveSpec(tiny_llm, ["none", "ngram"], policy="bogus")
-    with pytest.raises(AttachError, match="vllm.LLM"):
+    with pytest.raises(AttachError, match=r"vllm\.LLM"):
         AdaptiveSpec(object())
     mp_llm = types.SimpleNamespace(
         llm_engine=types.SimpleNamespace(engine_core=types.SimpleNamespace())

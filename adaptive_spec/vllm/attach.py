@@ -62,6 +62,9 @@ class AttachError(RuntimeError):
 
 
 def _engine_core(llm: Any) -> Any:
+    """The in-process ``EngineCore`` of ``llm`` (a ``vllm.LLM``), or ``llm`` itself if it is one."""
+    if hasattr(llm, "scheduler") and hasattr(llm, "model_executor"):
+        return llm
     try:
         client = llm.llm_engine.engine_core
     except AttributeError:
@@ -286,6 +289,14 @@ class AdaptiveSpec:
         self._originals: list[tuple[Any, str, bool, Any]] = []
         self._attached = False
         self._attach()
+
+    @classmethod
+    def attach_engine_core(
+        cls, core: Any, proposers: Sequence[str] = ("none", "ngram", "jacobi"), **kwargs: Any
+    ) -> AdaptiveSpec:
+        """Attach to a vLLM ``EngineCore`` directly (inside the engine-core process of ``vllm serve``,
+        where there is no ``LLM`` object). Same parameters and errors as the constructor."""
+        return cls(core, proposers, **kwargs)
 
     # -- patching -----------------------------------------------------------------------------
     def _patch(self, obj: Any, name: str, new: Callable[..., Any]) -> Any:
