@@ -28,7 +28,7 @@ from .jacobi import (
 from .lora import lora_bgmv, lora_reference
 from .ngram import NgramMatch, check_ngram_config, ngram_match, ngram_match_reference
 from .philox import accept_uniforms, philox4x32, sample_noise
-from .verify import VerifyOutput, flatten_drafts, verify, verify_reference
+from .rejection import VerifyOutput, flatten_drafts, verify, verify_reference
 
 __all__ = [
     "JacobiStep",

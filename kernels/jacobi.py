@@ -83,7 +83,7 @@ def jacobi_step_reference(
     iterate: torch.Tensor, iterate_len: torch.Tensor, predictions: torch.Tensor
 ) -> JacobiStep:
     """PyTorch reference of :func:`jacobi_step`."""
-    b, k = _check_step(iterate, iterate_len, predictions)
+    _, k = _check_step(iterate, iterate_len, predictions)
     dev = iterate.device
     ln = iterate_len.to(torch.int64).clamp(min=0, max=k)
     y = iterate.to(torch.int64)
@@ -279,7 +279,7 @@ def lookahead_pool_lookup(
     found : torch.Tensor
         bool [B].
     """
-    b, c, n = pool.shape
+    b, c, _ = pool.shape
     keys = keys.to(torch.int64)
     slots = torch.arange(c, device=pool.device)
     age = (pool_ptr[:, None] - 1 - slots[None, :]) % c

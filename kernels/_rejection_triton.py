@@ -17,7 +17,7 @@ import triton.language as tl
 from ._common import next_pow2, triton_interpret
 from ._philox_triton import philox4x32, to_uniform
 from .philox import NOISE_SUB, PURPOSE_ACCEPT, PURPOSE_SAMPLE
-from .verify import VerifyOutput, _check_args, row_request_index
+from .rejection import VerifyOutput, _check_args, row_request_index
 
 
 @triton.jit
@@ -278,6 +278,10 @@ def _finalize_kernel(
     tl.store(out_ptr + i * (max_k + 1) + n_acc, tok)
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _num_programs_target(device: torch.device) -> int:
     if device.type == "cuda":
         return 4 * torch.cuda.get_device_properties(device).multi_processor_count
@@ -339,7 +343,8 @@ def verify_triton(
     target = _num_programs_target(dev)
     max_split = max(1, -(-vocab // (block if interp else 8 * block)))
     n_split = max(1, min(max_split, -(-target // n_rows)))
-    chunk = -(-(-(-vocab // n_split)) // block) * block
+    per_split = _cdiv(vocab, n_split)
+    chunk = _cdiv(per_split, block) * block
     n_split = -(-vocab // chunk)
     part_m = torch.empty(n_rows * n_split, dtype=torch.float32, device=dev)
     part_s = torch.empty_like(part_m)

@@ -28,7 +28,7 @@ in the same order: row ``cu[i-1] + i + j`` is draft position j, row ``cu[i] + i`
 position. Zero-length drafts are allowed (one row: the plain decoding sample).
 
 The PyTorch reference (``verify_reference``) runs anywhere; the Triton kernels
-(``_verify_triton.py``) read the logits once in a split-vocabulary pass (max, sum of
+(``_rejection_triton.py``) read the logits once in a split-vocabulary pass (max, sum of
 exponentials, argmax per row), then decide acceptance per request, then read one more row per
 stochastic request to sample. ``verify`` picks one.
 """
@@ -367,7 +367,7 @@ def verify(
         validate=validate,
     )
     if use_triton(backend, [*args, draft_probs, temperature, seeds]):
-        from ._verify_triton import verify_triton
+        from ._rejection_triton import verify_triton
 
         return verify_triton(*args, **kw)
     return verify_reference(*args, **kw)

@@ -1,0 +1,128 @@
+"""N-gram (prompt lookup) proposer: drafts what followed the context's last n-gram earlier."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ..kernels import check_ngram_config, ngram_match
+from ._fastpath import ngram_match_np
+from .base import (
+    EMPTY,
+    ProposalRequest,
+    Proposer,
+    as_int,
+    as_tokens,
+    check_ks,
+    check_max_k,
+    clean_draft,
+    draft_cap,
+)
+
+BACKENDS = ("numpy", "auto", "torch", "triton")
+
+
+class NgramProposer(Proposer):
+    """Prompt-lookup proposer (Saxena 2023; vLLM's ``ngram`` method), stateless.
+
+    For each request: the longest suffix n-gram of ``token_ids`` (n from ``max_n`` down to
+    ``min_n``) found earlier within the last ``window`` tokens, most recent occurrence first,
+    and the tokens that followed it (copied with overlap, so a repeated token gives a full
+    draft); exactly :func:`adaptive_spec.kernels.ngram_match`.
+
+    Parameters
+    ----------
+    min_n, max_n : int
+        Suffix n-gram sizes, 1 <= min_n <= max_n <= 64.
+    max_k : int
+        Longest draft, 0..128.
+    window : int
+        Tokens searched (2..65536): bounded work per request, O(window * max_n).
+    backend : {"numpy", "auto", "torch", "triton"}
+        "numpy" (default): the CPU fast path, one request at a time (equal to the kernel's
+        reference, proven in the tests). Otherwise the batched kernel on ``device`` with that
+        backend.
+    device : str or torch.device
+        Where the batched kernel runs (ignored for "numpy").
+
+    Raises
+    ------
+    ValueError
+        Invalid configuration (the message names the parameter, its value and the allowed range).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> p = NgramProposer(min_n=2, max_n=3, max_k=4)
+    >>> r = ProposalRequest("a", np.array([5, 6, 7, 8, 5, 6]), max_new_tokens=10, vocab_size=10)
+    >>> p.propose([r], [4])[0].tolist(), p.match_length(r)
+    ([7, 8, 5, 6], 2)
+    """
+
+    name = "ngram"
+
+    def __init__(
+        self,
+        min_n: int = 2,
+        max_n: int = 4,
+        max_k: int = 8,
+        window: int = 2048,
+        backend: str = "numpy",
+        device: str | torch.device = "cpu",
+    ) -> None:
+        check_ngram_config(min_n, max_n, window)
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r}; allowed: {BACKENDS}")
+        self.min_n = min_n
+        self.max_n = max_n
+        self.max_k = check_max_k(max_k)
+        self.window = window
+        self.backend = backend
+        self.device = torch.device(device)
+
+    def _one(self, request: ProposalRequest, cap: int) -> tuple[np.ndarray, int]:
+        toks = as_tokens(request.token_ids)
+        draft, n = ngram_match_np(toks, cap, self.min_n, self.max_n, self.window)
+        return draft, n
+
+    def propose(self, requests: Sequence[ProposalRequest], ks: Sequence[int]) -> list[np.ndarray]:
+        """Prompt-lookup drafts per request (see :meth:`Proposer.propose`)."""
+        kl = check_ks(requests, ks)
+        caps = [draft_cap(r, k, self.max_k) for r, k in zip(requests, kl, strict=True)]
+        vocab = [as_int(r.vocab_size) for r in requests]
+        if self.backend == "numpy":
+            raw = [
+                self._one(r, c)[0] if c > 0 else EMPTY for r, c in zip(requests, caps, strict=True)
+            ]
+        else:
+            raw = self._batched(requests, caps)
+        return [clean_draft(d, c, v) for d, c, v in zip(raw, caps, vocab, strict=True)]
+
+    def _batched(self, requests: Sequence[ProposalRequest], caps: list[int]) -> list[np.ndarray]:
+        if not requests:
+            return []
+        toks = [as_tokens(r.token_ids)[-self.window :] for r in requests]
+        lmax = max(1, max(t.shape[0] for t in toks))
+        padded = np.zeros((len(toks), lmax), dtype=np.int64)
+        for i, t in enumerate(toks):
+            padded[i, : t.shape[0]] = t
+        dev = self.device
+        res = ngram_match(
+            torch.from_numpy(padded).to(dev),
+            torch.tensor([t.shape[0] for t in toks], dtype=torch.int64, device=dev),
+            torch.tensor(caps, dtype=torch.int64, device=dev),
+            min_n=self.min_n,
+            max_n=self.max_n,
+            max_window=self.window,
+            max_k=max(caps),
+            backend=self.backend,
+        )
+        d = res.draft_token_ids.cpu().numpy()
+        nd = res.num_draft_tokens.cpu().numpy()
+        return [d[i, : nd[i]] for i in range(len(toks))]
+
+    def match_length(self, request: ProposalRequest) -> int:
+        """Suffix n-gram length matched now (0 if none)."""
+        return self._one(request, 0)[1]
