@@ -282,7 +282,8 @@ class AdaptiveSpec:
         self._engine_drafts: dict[str, list[int]] = {}
         self._argmax: dict[str, np.ndarray] = {}
         self._step_start: float | None = None
-        self._pending_controller_s = 0.0
+        self._pending_controller_s = 0.0  # observation time inside the current step
+        self._decide_s = 0.0  # decision time after the previous step (between two engine steps)
         self._step_index = 0
         self.faults = 0
         self.last_fault: str | None = None
@@ -526,8 +527,12 @@ class AdaptiveSpec:
             if finished:
                 self._release(rid)
         now = time.perf_counter()
-        controller_s = self._pending_controller_s + (now - t_obs0)
-        step_time = (now - start) - controller_s
+        observe_s = self._pending_controller_s + (now - t_obs0)
+        # The engine's own time for this step: wall time from schedule() to the end of update_from_output,
+        # less the controller's observation work inside it. The decision made after the previous step ran
+        # between the two steps; it is reported as controller time, not subtracted from the step.
+        step_time = (now - start) - observe_s
+        controller_s = observe_s + self._decide_s
         if not (math.isfinite(step_time) and step_time > 0):
             self.metrics.ignored_step_times += 1
         # Charge each request-step an equal share of the step's wall time.
@@ -564,6 +569,7 @@ class AdaptiveSpec:
         self.last_fault = None
         self._step_index += 1
         self._pending_controller_s = 0.0
+        self._decide_s = 0.0
         self._step_start = None
 
     def _release(self, rid: str) -> None:
@@ -587,11 +593,11 @@ class AdaptiveSpec:
 
                 ids = list(engine)
                 self._orig_update_drafts(DraftTokenIds(ids, [engine[r] for r in ids]))
-            self._pending_controller_s += time.perf_counter() - t0
+            self._decide_s += time.perf_counter() - t0
             return
         from vllm.v1.outputs import DraftTokenIds
 
-        self._pending_controller_s += time.perf_counter() - t0
+        self._decide_s += time.perf_counter() - t0
         if req_ids:
             self._orig_update_drafts(DraftTokenIds(req_ids, drafts))
 
