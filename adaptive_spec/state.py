@@ -25,17 +25,23 @@ FORMAT = "adaptive-spec-policy-state"
 VERSION = 1
 
 
-def save_policy_state(policy: SpecPolicy, path: str | Path) -> None:
-    """Write ``policy.state_dict()`` to ``path`` atomically (temporary file, fsync, rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def policy_state_json(policy: SpecPolicy) -> str:
+    """Serialise ``policy.state_dict()`` into the versioned JSON document (no I/O; a fraction of a
+    millisecond for the default controller), to be written later by :func:`write_policy_state`."""
     payload = {
         "format": FORMAT,
         "version": VERSION,
         "policy": policy.name,
         "state": policy.state_dict(),
     }
-    data = json.dumps(payload)
+    return json.dumps(payload)
+
+
+def write_policy_state(data: str, path: str | Path) -> None:
+    """Write a document from :func:`policy_state_json` to ``path`` atomically (temporary file in the
+    same directory, fsync, rename, fsync of the directory). Raises ``OSError`` when it cannot write."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -55,6 +61,11 @@ def save_policy_state(policy: SpecPolicy, path: str | Path) -> None:
             os.close(dfd)
     except OSError:
         pass
+
+
+def save_policy_state(policy: SpecPolicy, path: str | Path) -> None:
+    """Write ``policy.state_dict()`` to ``path`` atomically (temporary file, fsync, rename)."""
+    write_policy_state(policy_state_json(policy), path)
 
 
 def load_policy_state(policy: SpecPolicy, path: str | Path) -> bool:
