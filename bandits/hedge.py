@@ -26,7 +26,7 @@ class Hedge(Policy):
 
     Learning rate: a fixed ``eta``; or tuned to a horizon T, ``eta = sqrt(8 ln K / T)``
     (regret at most ``sqrt(T ln K / 2)``); or by default the anytime schedule
-    ``eta_t = sqrt(8 ln K / t)`` after t rounds, with regret at most
+    ``eta_t = sqrt(8 ln K / t)`` in round t, with regret at most
     ``2 sqrt(T ln K / 2) + sqrt(ln K / 8)`` (Cesa-Bianchi & Lugosi 2006, Theorem 2.3).
 
     Parameters
@@ -83,7 +83,8 @@ class Hedge(Policy):
         if self.eta is not None:
             return self.eta
         log_k = math.log(max(self.n_arms, 2))
-        return math.sqrt(8.0 * log_k / (self.horizon or max(self._rounds, 1)))
+        # Round t (1-based) uses eta_t = sqrt(8 ln K / t); t - 1 rounds have been learned.
+        return math.sqrt(8.0 * log_k / (self.horizon or self._rounds + 1))
 
     def _probs(self, X: np.ndarray | None, n: int) -> np.ndarray:
         return softmax(self.current_eta * (self._gains - self._gains.max()))

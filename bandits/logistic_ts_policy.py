@@ -6,6 +6,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from scipy.special import expit
 
 from ._validation import check_positive_float, check_unit_interval
 from .base import ArmId, Policy, check_array_field
@@ -74,6 +75,32 @@ class LogisticThompsonPolicy(Policy):
                 f"{name} must be 0 or 1 for {self.name}; found {r.ravel()[i]!r} at flat index {i}"
             )
         return r
+
+    def predict_proba(self, contexts: np.ndarray) -> np.ndarray:
+        """Posterior-mean probability of reward 1 for every request and arm.
+
+        Uses MacKay's probit approximation ``sigmoid(mu / sqrt(1 + pi var / 8))`` of the
+        logit's posterior mean ``mu`` and variance ``var``, as
+        :meth:`LogisticThompson.predict_proba <adaptive_spec.bandits.LogisticThompson.predict_proba>`.
+
+        Parameters
+        ----------
+        contexts : array_like of float, shape [n, dim]
+
+        Returns
+        -------
+        numpy.ndarray of float64, shape [n, K]
+
+        Raises
+        ------
+        ValueError
+            If ``contexts`` is not ``[n, dim]`` or holds NaN/inf.
+        """
+        X, _ = self._check_contexts(contexts, None)
+        assert X is not None
+        mu = X @ self._means.T
+        var = (X * X) @ (1.0 / self._precs).T
+        return expit(mu / np.sqrt(1.0 + (np.pi / 8.0) * var))
 
     def _scores(self, X: np.ndarray | None, n: int) -> np.ndarray:
         assert X is not None
