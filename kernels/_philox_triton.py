@@ -25,5 +25,5 @@ def philox4x32(c0, c1, c2, c3, seed):
 
 @triton.jit
 def to_uniform(x):
-    """uint32 -> float32 in (0, 1): ``(2 * (x >> 9) + 1) * 2**-25``."""
-    return ((x >> 9) * 2 + 1).to(tl.float32) * 2.9802322387695312e-08
+    """uint32 -> float32 in (0, 1): ``(2 * (x >> 9) + 1) * 2**-24``."""
+    return ((x >> 9) * 2 + 1).to(tl.float32) * 5.9604644775390625e-08

@@ -18,8 +18,8 @@ ROUND_B = 0xCD9E8D57
 KEY_A = 0x9E3779B9
 KEY_B = 0xBB67AE85
 N_ROUNDS = 10
-#: Multiplier turning a 24-bit odd integer into a float32 strictly inside (0, 1).
-TWO_POW_M25 = 2.0**-25
+#: Multiplier turning an odd integer below 2**24 into a float32 strictly inside (0, 1).
+TWO_POW_M24 = 2.0**-24
 
 # Counter word c2 ("purpose") values used by verification.
 PURPOSE_ACCEPT = 0
@@ -83,10 +83,10 @@ def philox4x32(
 def to_uniform(x: torch.Tensor) -> torch.Tensor:
     """Map uint32 words (in int64) to float32 uniforms strictly inside (0, 1).
 
-    ``u = (2 * (x >> 9) + 1) * 2**-25``: 2**23 equally spaced values, exact in float32, never 0
+    ``u = (2 * (x >> 9) + 1) * 2**-24``: 2**23 equally spaced values, exact in float32, never 0
     or 1 (so ``-log(u)`` is finite and positive).
     """
-    return ((x >> 9) * 2 + 1).to(torch.float32) * TWO_POW_M25
+    return ((x >> 9) * 2 + 1).to(torch.float32) * TWO_POW_M24
 
 
 def accept_uniforms(seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -125,6 +125,10 @@ def sample_noise(seed: torch.Tensor, position: torch.Tensor, vocab_size: int) ->
     torch.Tensor
         float32 [B, V] noise; entry v uses the counter layout described at ``NOISE_SUB``.
     """
+    if vocab_size <= NOISE_SUB:  # one chunk, lane 0 only: entry v uses word 0 of counter v
+        t = torch.arange(vocab_size, device=seed.device, dtype=torch.int64)
+        w0, _, _, _ = philox4x32(seed[:, None], t[None, :], position[:, None], PURPOSE_SAMPLE, 0)
+        return -torch.log(to_uniform(w0))
     chunk = 4 * NOISE_SUB
     n_chunks = -(-vocab_size // chunk)
     t = torch.arange(n_chunks * NOISE_SUB, device=seed.device, dtype=torch.int64)

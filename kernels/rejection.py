@@ -253,7 +253,7 @@ def verify_reference(
         ok = d == amax[row]
         if stochastic:
             p = torch.exp(x[row, dc] - m[row]) / s[row]
-            if draft_probs is None:
+            if draft_probs is None or draft_probs.shape[0] == 0:
                 q = torch.ones_like(p)
             else:
                 q = draft_probs[didx, dc].to(torch.float32)
@@ -280,6 +280,8 @@ def verify_reference(
                 dsel = torch.full_like(starts, -1)
             vocab_ids = torch.arange(vocab, device=dev)
             q = (vocab_ids[None, :] == dsel[:, None]).to(torch.float32)
+        elif draft_probs.shape[0] == 0:
+            q = torch.zeros_like(ps)
         else:
             q = draft_probs[sdidx].to(torch.float32)
         resid = torch.where(rejected[:, None], (ps - q).clamp(min=0.0), ps)
