@@ -1,0 +1,72 @@
+"""Policy names the replay accepts: everything :func:`adaptive_spec.policies.make_policy` builds, plus
+the hindsight comparators and the published peers.
+
+* ``oracle``: :class:`~adaptive_spec.sim.oracle.OraclePolicy` (needs the workload and cost profile);
+* ``per-request-static``: :class:`~adaptive_spec.sim.oracle.PerRequestStaticPolicy`;
+* ``smartspec[:<proposer>]``, ``smartspec+[:<proposer>]``: :class:`~adaptive_spec.sim.peers.SmartSpecPolicy`
+  (``+``: also scores unverified drafts);
+* ``banditspec[:<proposer>]``: :class:`~adaptive_spec.sim.peers.BanditSpecPolicy`.
+"""
+
+from __future__ import annotations
+
+from adaptive_spec.controller import SpecPolicy
+from adaptive_spec.policies import POLICY_NAMES, make_policy
+
+from .cost_profiles import CostProfile
+from .oracle import OraclePolicy, PerRequestStaticPolicy
+from .peers import BanditSpecPolicy, SmartSpecPolicy
+from .requests import ReplayRequest
+
+SIM_POLICY_NAMES = (
+    *POLICY_NAMES,
+    "oracle",
+    "per-request-static",
+    "smartspec[:<proposer>]",
+    "smartspec+[:<proposer>]",
+    "banditspec[:<proposer>]",
+)
+
+
+def build_policy(
+    name: str,
+    proposers: list[str],
+    max_k: int,
+    *,
+    requests: list[ReplayRequest],
+    profile: CostProfile,
+    max_batch: int,
+    seed: int = 0,
+) -> SpecPolicy:
+    """Build a policy by name (see the module docstring).
+
+    Raises
+    ------
+    ValueError
+        For an unknown name or a proposer that is not enabled.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"policy={name!r} is invalid; allowed: {', '.join(SIM_POLICY_NAMES)}")
+    if name == "oracle":
+        return OraclePolicy(
+            proposers, max_k, requests=requests, profile=profile, max_batch=max_batch
+        )
+    if name == "per-request-static":
+        return PerRequestStaticPolicy(
+            proposers, max_k, requests=requests, profile=profile, max_batch=max_batch
+        )
+    head, _, prop = name.partition(":")
+    if head in ("smartspec", "smartspec+"):
+        return SmartSpecPolicy(
+            proposers, max_k, proposer=prop or None, score_unverified=head.endswith("+")
+        )
+    if head == "banditspec":
+        return BanditSpecPolicy(proposers, max_k, proposer=prop or None)
+    try:
+        return make_policy(name, proposers, max_k, seed=seed)
+    except ValueError as e:
+        if "is not known" in str(e):
+            raise ValueError(
+                f"policy={name!r} is not known; allowed: {', '.join(SIM_POLICY_NAMES)}"
+            ) from None
+        raise
