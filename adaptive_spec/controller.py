@@ -113,10 +113,14 @@ class RequestOutcome:
 
 @dataclass(slots=True)
 class StepOutcome:
+    """One engine step: per-request outcomes, wall time (seconds), requests in the step, draft tokens
+    verified, and prompt (prefill) tokens computed."""
+
     requests: list[RequestOutcome]
     step_time_s: float
     batch_size: int
     num_verified_tokens: int
+    num_prefill_tokens: int = 0
 
 
 class SpecPolicy(ABC):
@@ -201,6 +205,11 @@ class AdaptiveController(SpecPolicy):
         Forgetting of the step-cost model.
     ema : float in (0, 1]
         Weight of the newest observation in the per-request acceptance history features.
+    ucb_alpha : float >= 0
+        Width of the confidence bound in ``ucb`` mode (standard deviations of the logit).
+    min_gain : float >= 0
+        Smallest expected gain, in tokens per draft token, worth verifying: drafts below it are never
+        scheduled even when the cost model believes verification is nearly free.
     seed : int
         Seeds every random draw.
 
@@ -223,6 +232,7 @@ class AdaptiveController(SpecPolicy):
         cost_forgetting: float = 0.995,
         ema: float = 0.3,
         ucb_alpha: float = 1.0,
+        min_gain: float = 0.05,
         seed: int = 0,
     ) -> None:
         super().__init__(proposers, max_k)
@@ -232,12 +242,15 @@ class AdaptiveController(SpecPolicy):
             )
         if not (0.0 <= epsilon <= 1.0):
             raise ValueError(f"epsilon={epsilon!r} is invalid; allowed: 0 <= epsilon <= 1")
+        if not (min_gain >= 0.0 and math.isfinite(min_gain)):
+            raise ValueError(f"min_gain={min_gain!r} is invalid; allowed: a finite number >= 0")
         if not (0.0 < ema <= 1.0):
             raise ValueError(f"ema={ema!r} is invalid; allowed: 0 < ema <= 1")
         self.exploration = exploration
         self.epsilon = float(epsilon)
         self.ema_weight = float(ema)
         self.ucb_alpha = float(ucb_alpha)
+        self.min_gain = float(min_gain)
         self.seed = int(seed)
         self.rng = np.random.default_rng(seed)
         self.models = {
@@ -381,7 +394,7 @@ class AdaptiveController(SpecPolicy):
             slope[~np.isfinite(slope)] = -np.inf
             nxt = np.argmax(slope, axis=1)
             s = slope[rows, nxt]
-            ok = active & (s > 0)
+            ok = active & (s > self.min_gain)
             if not ok.any():
                 break
             seg_req.append(rows[ok])
@@ -407,7 +420,12 @@ class AdaptiveController(SpecPolicy):
 
     # -- learning -----------------------------------------------------------------------------
     def observe(self, outcome: StepOutcome) -> None:
-        self.cost.update(outcome.batch_size, outcome.num_verified_tokens, outcome.step_time_s)
+        self.cost.update(
+            outcome.batch_size,
+            outcome.num_verified_tokens,
+            outcome.step_time_s,
+            outcome.num_prefill_tokens,
+        )
         X_by: dict[str, list[np.ndarray]] = {p: [] for p in self.proposers}
         y_by: dict[str, list[np.ndarray]] = {p: [] for p in self.proposers}
         K = self.max_k
@@ -488,7 +506,9 @@ class AdaptiveController(SpecPolicy):
                 f"policy state has feature_dim={state.get('feature_dim')}, max_k={state.get('max_k')}; "
                 f"this controller has feature_dim={FEATURE_DIM}, max_k={self.max_k}"
             )
-        if sorted(state.get("models", {})) != sorted(self.models):
+        if not isinstance(state.get("models"), dict) or sorted(state["models"]) != sorted(
+            self.models
+        ):
             raise ValueError(
                 f"policy state has proposers {sorted(state.get('models', {}))}; this controller has {sorted(self.models)}"
             )

@@ -4,7 +4,8 @@ The step time of a speculative engine is, to first order, linear in the batch si
 of draft tokens verified ``V`` (plus a draft-model term when a draft model runs), but the coefficients
 depend on the hardware and drift with load, so they are measured, never assumed: recursive least squares
 with exponential forgetting (Haykin, *Adaptive Filter Theory*, ch. 10) on
-``step_time ~ c0 + c1 * B + c2 * V``. Forgetting keeps the local linearisation near the current
+``step_time ~ c0 + c1 * B + c2 * V + c3 * P``, where ``P`` counts prompt (prefill) tokens computed in the
+step: prefill steps cost far more than decode steps and would otherwise be confused with verification. Forgetting keeps the local linearisation near the current
 operating point, where the true curve is not linear (NOTES.md: verifying 8 tokens costs about 1.15x one
 token at batch 1 and 1.37x at batch 4 on the CPU here).
 
@@ -19,7 +20,15 @@ import math
 
 import numpy as np
 
-FEATURES = ("bias", "batch_size", "verified_tokens")
+FEATURES = ("bias", "batch_size", "verified_tokens", "prefill_tokens")
+# Weak prior, relative to the first observed step time t0 (a Bayesian prior that measurements replace):
+# intercept t0 (sd t0), per request 0 (sd t0 / 4), per verified token 2 % of t0 (sd 2 % of t0; NOTES.md
+# measured 2-5 % per token on this CPU), per prefill token 0 (sd 1 % of t0).
+PRIOR_MEAN = (1.0, 0.0, 0.02, 0.0)
+PRIOR_SD = (1.0, 0.25, 0.02, 0.01)
+# Expected step-time noise, relative to t0. RLS's P is the coefficient covariance divided by the noise
+# variance, so the prior enters as (PRIOR_SD / NOISE_SD)^2.
+NOISE_SD = 0.1
 
 
 class StepCostModel:
@@ -29,9 +38,8 @@ class StepCostModel:
     ----------
     forgetting : float in (0, 1]
         Weight kept by past observations at each update (1 = stationary).
-    prior_var : float > 0
-        Prior variance of each coefficient (seconds^2); the prior mean is zero except the intercept,
-        which starts at the first observed step time.
+    prior_scale : float > 0
+        Multiplies the prior standard deviations (``PRIOR_SD``, relative to the first observed step time).
     min_coef : float >= 0
         Floor on the per-request and per-token coefficients when predicting (seconds).
 
@@ -42,27 +50,31 @@ class StepCostModel:
     """
 
     def __init__(
-        self, forgetting: float = 0.995, prior_var: float = 1.0, min_coef: float = 1e-6
+        self, forgetting: float = 0.995, prior_scale: float = 1.0, min_coef: float = 1e-6
     ) -> None:
         if not (0.0 < forgetting <= 1.0):
             raise ValueError(f"forgetting={forgetting!r} is invalid; allowed: 0 < forgetting <= 1")
-        if not (prior_var > 0 and math.isfinite(prior_var)):
-            raise ValueError(f"prior_var={prior_var!r} is invalid; allowed: a finite number > 0")
+        if not (prior_scale > 0 and math.isfinite(prior_scale)):
+            raise ValueError(
+                f"prior_scale={prior_scale!r} is invalid; allowed: a finite number > 0"
+            )
         if not (min_coef >= 0 and math.isfinite(min_coef)):
             raise ValueError(f"min_coef={min_coef!r} is invalid; allowed: a finite number >= 0")
         self.forgetting = float(forgetting)
-        self.prior_var = float(prior_var)
+        self.prior_scale = float(prior_scale)
         self.min_coef = float(min_coef)
-        self.theta = np.zeros(3)
-        self.P = np.eye(3) * self.prior_var
+        self.theta = np.zeros(4)
+        self.P = np.eye(4)
         self.n_updates = 0
         self.n_ignored = 0
 
     @staticmethod
-    def _phi(batch_size: float, verified_tokens: float) -> np.ndarray:
-        return np.array([1.0, float(batch_size), float(verified_tokens)])
+    def _phi(batch_size: float, verified_tokens: float, prefill_tokens: float = 0.0) -> np.ndarray:
+        return np.array([1.0, float(batch_size), float(verified_tokens), float(prefill_tokens)])
 
-    def update(self, batch_size: int, verified_tokens: int, step_time_s: float) -> bool:
+    def update(
+        self, batch_size: int, verified_tokens: int, step_time_s: float, prefill_tokens: int = 0
+    ) -> bool:
         """Learn from one step. Returns False (and counts it) when the observation is ignored."""
         if (
             not isinstance(step_time_s, int | float)
@@ -70,12 +82,15 @@ class StepCostModel:
             or step_time_s <= 0
             or batch_size <= 0
             or verified_tokens < 0
+            or prefill_tokens < 0
         ):
             self.n_ignored += 1
             return False
         if self.n_updates == 0:
-            self.theta[0] = step_time_s
-        x = self._phi(batch_size, verified_tokens)
+            t0 = float(step_time_s)
+            self.theta = np.array(PRIOR_MEAN) * t0
+            self.P = np.diag((np.array(PRIOR_SD) * self.prior_scale / NOISE_SD) ** 2)
+        x = self._phi(batch_size, verified_tokens, prefill_tokens)
         lam = self.forgetting
         Px = self.P @ x
         gain = Px / (lam + x @ Px)
@@ -88,30 +103,31 @@ class StepCostModel:
         self.n_updates += 1
         return True
 
-    def coefficients(self) -> tuple[float, float, float]:
-        """``(c0, c_batch, c_token)`` in seconds, floors applied."""
-        c0, cb, cv = self.theta
-        return (
-            max(float(c0), self.min_coef),
-            max(float(cb), self.min_coef),
-            max(float(cv), self.min_coef),
-        )
+    def coefficients(self) -> tuple[float, float, float, float]:
+        """``(c0, c_batch, c_token, c_prefill)`` in seconds, floors applied."""
+        c0, cb, cv, cp = (max(float(c), self.min_coef) for c in self.theta)
+        return c0, cb, cv, cp
 
     def predict(
-        self, batch_size: np.ndarray | float, verified_tokens: np.ndarray | float
+        self,
+        batch_size: np.ndarray | float,
+        verified_tokens: np.ndarray | float,
+        prefill_tokens: np.ndarray | float = 0.0,
     ) -> np.ndarray:
-        """Predicted step time (seconds) for each ``(batch_size, verified_tokens)``; broadcasts."""
-        c0, cb, cv = self.coefficients()
+        """Predicted step time (seconds) for each ``(batch_size, verified_tokens, prefill_tokens)``;
+        broadcasts."""
+        c0, cb, cv, cp = self.coefficients()
         return (
             c0
             + cb * np.asarray(batch_size, dtype=float)
             + cv * np.asarray(verified_tokens, dtype=float)
+            + cp * np.asarray(prefill_tokens, dtype=float)
         )
 
     def state_dict(self) -> dict:
         return {
             "forgetting": self.forgetting,
-            "prior_var": self.prior_var,
+            "prior_scale": self.prior_scale,
             "min_coef": self.min_coef,
             "theta": self.theta.tolist(),
             "P": self.P.tolist(),
@@ -123,13 +139,13 @@ class StepCostModel:
         theta = np.asarray(state["theta"], dtype=float)
         P = np.asarray(state["P"], dtype=float)
         if (
-            theta.shape != (3,)
-            or P.shape != (3, 3)
+            theta.shape != (4,)
+            or P.shape != (4, 4)
             or not (np.isfinite(theta).all() and np.isfinite(P).all())
         ):
             raise ValueError("cost model state has wrong shapes or non-finite values")
         self.forgetting = float(state["forgetting"])
-        self.prior_var = float(state["prior_var"])
+        self.prior_scale = float(state["prior_scale"])
         self.min_coef = float(state["min_coef"])
         self.theta, self.P = theta, P
         self.n_updates = int(state["n_updates"])

@@ -145,14 +145,13 @@ def build_engine(args: argparse.Namespace, proposers: list[str]) -> Any:
 def encode_prompts(llm: Any, prompts: list[Any]) -> list[list[int]]:
     """Apply the model's chat template to each prompt and return token ids."""
     tok = llm.get_tokenizer()
-    return [
-        list(
-            tok.apply_chat_template(
-                [{"role": "user", "content": p.text}], tokenize=True, add_generation_prompt=True
-            )
+    out = []
+    for p in prompts:
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True
         )
-        for p in prompts
-    ]
+        out.append(list(tok.encode(text, add_special_tokens=False)))
+    return out
 
 
 def generate(llm: Any, token_ids: list[list[int]], params: Any) -> tuple[list[Any], float]:

@@ -9,7 +9,7 @@ File layout (JSON Lines):
 * one line per engine step (``"type": "step"``): ``step`` (int), ``time`` (s, monotonic clock),
   ``step_time_s`` (wall time of the engine step, seconds), ``controller_time_s`` (seconds spent in the
   controller for this step), ``batch_size`` (requests in the step), ``num_verified_tokens`` (draft tokens
-  verified in the step), ``queue_len``, ``fault`` (null or the controller error that made the step fall
+  verified in the step), ``num_prefill_tokens`` (prompt tokens computed in the step), ``queue_len``, ``fault`` (null or the controller error that made the step fall
   back), and ``requests``: one object per request in the step with
 
   - ``req_id``; ``arm`` (``"none"`` or ``"<proposer>:<k>"``: the arm whose drafts this step verified);

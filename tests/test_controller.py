@@ -151,7 +151,7 @@ def test_cost_model_ignores_bad_times():
     for _ in range(400):
         b, v = int(rng.integers(1, 16)), int(rng.integers(0, 64))
         m.update(b, v, 0.02 + 0.003 * b + 0.0005 * v)
-    c0, cb, cv = m.coefficients()
+    c0, cb, cv, _ = m.coefficients()
     assert math.isclose(c0, 0.02, rel_tol=0.05) and math.isclose(cb, 0.003, rel_tol=0.05)
     assert math.isclose(cv, 0.0005, rel_tol=0.05)
     with pytest.raises(ValueError, match="forgetting=0"):

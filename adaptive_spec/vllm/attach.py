@@ -447,6 +447,11 @@ class AdaptiveSpec:
             "reqs": reqs,
             "spec": {rid: len(d) for rid, d in so.scheduled_spec_decode_tokens.items()},
             "spec_tokens": so.scheduled_spec_decode_tokens,
+            # Prompt tokens computed this step: scheduled tokens beyond one decode token plus the drafts.
+            "prefill": sum(
+                max(n - 1 - len(so.scheduled_spec_decode_tokens.get(rid, ())), 0)
+                for rid, n in so.num_scheduled_tokens.items()
+            ),
             "accepted": accepted,
             "argmax": self._argmax,
         }
@@ -546,7 +551,7 @@ class AdaptiveSpec:
             self.metrics.by_proposer[o.arm.proposer if o.drafted > 0 else "none"].time_s += share
         t_learn = time.perf_counter()
         if outcomes or step_time > 0:
-            self.policy.observe(StepOutcome(outcomes, step_time, batch, verified))
+            self.policy.observe(StepOutcome(outcomes, step_time, batch, verified, pre["prefill"]))
         for rid in list(reqs):
             if reqs[rid][0].is_finished():
                 self.policy.release(rid)
@@ -561,6 +566,7 @@ class AdaptiveSpec:
                     "controller_time_s": controller_s,
                     "batch_size": batch,
                     "num_verified_tokens": verified,
+                    "num_prefill_tokens": pre["prefill"],
                     "queue_len": len(self.scheduler.waiting),
                     "fault": self.last_fault,
                     "requests": rows,
