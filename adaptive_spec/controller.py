@@ -207,6 +207,9 @@ class AdaptiveController(SpecPolicy):
         Weight of the newest observation in the per-request acceptance history features.
     ucb_alpha : float >= 0
         Width of the confidence bound in ``ucb`` mode (standard deviations of the logit).
+    prior_var : float > 0
+        Prior variance of each acceptance-model weight (features are O(1), so the prior logit has a
+        standard deviation of about ``sqrt(prior_var * 3)``: calm early exploration).
     min_gain : float >= 0
         Smallest expected gain, in tokens per draft token, worth verifying: drafts below it are never
         scheduled even when the cost model believes verification is nearly free.
@@ -233,6 +236,7 @@ class AdaptiveController(SpecPolicy):
         ema: float = 0.3,
         ucb_alpha: float = 1.0,
         min_gain: float = 0.05,
+        prior_var: float = 0.3,
         seed: int = 0,
     ) -> None:
         super().__init__(proposers, max_k)
@@ -254,7 +258,7 @@ class AdaptiveController(SpecPolicy):
         self.seed = int(seed)
         self.rng = np.random.default_rng(seed)
         self.models = {
-            p: LogisticThompson(FEATURE_DIM, prior_var=1.0, discount=discount, seed=seed + 1 + i)
+            p: LogisticThompson(FEATURE_DIM, prior_var=prior_var, discount=discount, seed=seed + 1 + i)
             for i, p in enumerate(self.proposers)
         }
         self.cost = StepCostModel(forgetting=cost_forgetting)

@@ -13,6 +13,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -173,7 +174,7 @@ def main(args: argparse.Namespace) -> int:
     from adaptive_spec.vllm import AdaptiveSpec
     from adaptive_spec.workloads import load_workload
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 160)
     proposers = [p.strip() for p in args.proposers.split(",") if p.strip()]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -266,7 +267,7 @@ def main(args: argparse.Namespace) -> int:
             f"{s['goodput_tok_s']:.1f}",
             f"{s['mean_accepted_length']:.2f}",
             f"{s['acceptance_rate']:.2f}",
-            arm_mix(mix),
+            arm_mix(mix, top=3),
         )
     table.caption = (
         f"all: {n_tok} tokens in {wall:.1f} s = {n_tok / wall:.1f} tokens/s; controller overhead "
