@@ -5,7 +5,11 @@
   epsilon-greedy exploration (the last logs exact propensities for off-policy evaluation);
 * ``static:<proposer>:<k>`` or ``none``: :class:`~adaptive_spec.baselines.StaticPolicy`;
 * ``table:<proposer>:<start>-<end>=<k>,...``: vLLM's batch-size table
-  (:class:`~adaptive_spec.baselines.BatchSizeTablePolicy`).
+  (:class:`~adaptive_spec.baselines.BatchSizeTablePolicy`);
+* ``smartspec:<proposer>``: SmartSpec-style goodput rule, per-request k for one proposer
+  (:class:`adaptive_spec.sim.peers.SmartSpecPolicy`; Liu et al. 2024);
+* ``banditspec:<proposer>``: BanditSpec-style UCB over k per step for one proposer
+  (:class:`adaptive_spec.sim.peers.BanditSpecPolicy`; Hou et al. 2025).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ POLICY_NAMES = (
     "none",
     "static:<proposer>:<k>",
     "table:<proposer>:<start>-<end>=<k>,...",
+    "smartspec:<proposer>",
+    "banditspec:<proposer>",
 )
 _EXPLORATION = {
     "adaptive": "thompson",
@@ -47,6 +53,16 @@ def make_policy(name: str, proposers: list[str], max_k: int, *, seed: int = 0) -
         return StaticPolicy(proposers, max_k, Arm.parse("none"))
     if name.startswith("static:"):
         return StaticPolicy(proposers, max_k, Arm.parse(name.removeprefix("static:")))
+    if name.startswith(("smartspec:", "banditspec:")):
+        from adaptive_spec.sim.peers import BanditSpecPolicy, SmartSpecPolicy
+
+        kind, _, proposer = name.partition(":")
+        if proposer not in proposers or proposer == "none":
+            raise ValueError(
+                f"policy={name!r}: proposer={proposer!r} is not enabled; enabled: {', '.join(p for p in proposers if p != 'none')}"
+            )
+        cls = SmartSpecPolicy if kind == "smartspec" else BanditSpecPolicy
+        return cls(proposers, max_k, proposer=proposer)
     if name.startswith("table:"):
         rest = name.removeprefix("table:")
         proposer, _, spec = rest.partition(":")
