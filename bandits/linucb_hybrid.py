@@ -100,14 +100,22 @@ class LinUCBHybrid(Policy):
         self._beta = self._A0_inv @ b0
         resid = self._b - self._B @ self._beta
         self._theta = np.einsum("kde,ke->kd", self._A_inv, resid)
+        # z_{x,a} = P_a x is linear in x, so the mean and s are quadratic forms in x alone:
+        # mean = x . (P_a^T beta + theta_a), s = x^T (D_a^T A_0^{-1} D_a + A_a^{-1}) x with
+        # D_a = P_a - B_a^T A_a^{-1}. Precomputing them makes a decision cost what LinUCB's does.
+        P = self._shared_maps()
+        D = P - self._C
+        self._w_eff = self._beta @ P + self._theta
+        S = D.transpose(0, 2, 1) @ (self._A0_inv @ D) + self._A_inv
+        self._S = 0.5 * (S + S.transpose(0, 2, 1))
 
-    def _z_all(self, X: np.ndarray) -> np.ndarray:
-        """Shared features of every (row, arm): ``[n, 1, k]`` (broadcast) or ``[n, K, k]``."""
+    def _shared_maps(self) -> np.ndarray:
+        """``P_a`` with ``z_{x,a} = P_a x``: ``I_d`` or ``kron(f_a, I_d)``, ``[K, k, d]``."""
+        d = int(self._dim or 0)
         if self._features is None:
-            return X[:, None, :]
+            return np.broadcast_to(np.eye(d), (self.n_arms, d, d))
         F = self._features
-        n = X.shape[0]
-        return (F[None, :, :, None] * X[:, None, None, :]).reshape(n, self.n_arms, self._k)
+        return (F[:, :, None, None] * np.eye(d)[None, None, :, :]).reshape(self.n_arms, self._k, d)
 
     def _z_rows(self, idx: np.ndarray, X: np.ndarray) -> np.ndarray:
         """Shared features of the observed (row, arm) pairs, ``[n, k]``."""
@@ -139,11 +147,8 @@ class LinUCBHybrid(Policy):
         (numpy.ndarray, numpy.ndarray)
             Means and widths, float64 ``[n, K]`` each.
         """
-        Z = self._z_all(X)
-        mean = Z @ self._beta + X @ self._theta.T
-        U = Z - np.einsum("kjd,nd->nkj", self._C, X)
-        s = np.einsum("nkj,nkj->nk", U @ self._A0_inv, U)
-        s = s + np.einsum("knd,nd->nk", X @ self._A_inv, X)
+        mean = X @ self._w_eff.T
+        s = np.einsum("knd,nd->nk", X @ self._S, X)
         return mean, np.sqrt(np.maximum(s, 0.0))
 
     def _scores(self, X: np.ndarray | None, n: int) -> np.ndarray:

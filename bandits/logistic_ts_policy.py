@@ -10,7 +10,7 @@ from scipy.special import expit
 
 from ._validation import check_positive_float, check_unit_interval
 from .base import ArmId, Policy, check_array_field
-from .logistic_ts import laplace_update
+from .logistic_ts import laplace_update_grouped
 
 __all__ = ["LogisticThompsonPolicy"]
 
@@ -110,19 +110,18 @@ class LogisticThompsonPolicy(Policy):
 
     def _learn(self, idx: np.ndarray, r: np.ndarray, X: np.ndarray | None) -> None:
         assert X is not None
-        prior_prec = 1.0 / self.prior_var
-        for a in np.unique(idx).tolist():
-            rows = idx == a
-            Xa = X[rows]
-            self._means[a], self._precs[a] = laplace_update(
-                Xa,
-                r[rows],
-                np.ones(Xa.shape[0]),
-                self._means[a],
-                self._precs[a],
-                prior_prec,
-                self.discount,
-            )
+        touched, group = np.unique(idx, return_inverse=True)
+        means, precs = laplace_update_grouped(
+            X,
+            r,
+            group.astype(np.int64),
+            self._means[touched],
+            self._precs[touched],
+            1.0 / self.prior_var,
+            self.discount,
+        )
+        self._means[touched] = means
+        self._precs[touched] = precs
 
     def _params(self) -> dict[str, Any]:
         return {**self._base_params(), "prior_var": self.prior_var, "discount": self.discount}

@@ -266,3 +266,24 @@ def test_bool_and_integer_labels_are_accepted() -> None:
     a.learn_batch(X, np.array([True, False]))
     b.learn_batch(X, np.array([1, 0], dtype=np.int64))
     np.testing.assert_array_equal(a.mean, b.mean)
+
+
+def test_grouped_update_equals_one_update_per_model() -> None:
+    from adaptive_spec.bandits.logistic_ts import laplace_update, laplace_update_grouped
+
+    rng = np.random.default_rng(21)
+    groups, dim, n = 9, 5, 300
+    X = rng.normal(size=(n, dim)) * rng.uniform(0.1, 4.0, size=dim)
+    group = rng.integers(0, groups, n)
+    group[:20] = 3  # one group gets separable data at a large scale
+    X[:20, 0] = np.linspace(-50, 50, 20)
+    y = (rng.random(n) < expit(X[:, 0] - X[:, 1])).astype(float)
+    y[:20] = (X[:20, 0] > 0).astype(float)
+    means = rng.normal(size=(groups, dim))
+    precs = rng.uniform(0.5, 5.0, size=(groups, dim))
+    got_m, got_q = laplace_update_grouped(X, y, group, means, precs, 0.8, 0.9)
+    for g in range(groups):
+        rows = group == g
+        m, q = laplace_update(X[rows], y[rows], np.ones(rows.sum()), means[g], precs[g], 0.8, 0.9)
+        np.testing.assert_allclose(got_m[g], m, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(got_q[g], q, rtol=1e-9)
