@@ -53,6 +53,15 @@ class Exp3(Policy):
     ----------
     .. [1] P. Auer, N. Cesa-Bianchi, Y. Freund and R. E. Schapire, "The Nonstochastic
        Multiarmed Bandit Problem", SIAM Journal on Computing 32(1), 2002 (Corollary 3.2).
+
+    Examples
+    --------
+    >>> policy = Exp3(["a", "b"], gamma=0.2, seed=0)
+    >>> policy.probabilities().tolist()
+    [0.5, 0.5]
+    >>> policy.update("a", 1.0)
+    >>> bool(policy.probabilities()[0] > 0.5)
+    True
     """
 
     name = "exp3"

@@ -53,6 +53,14 @@ class Hedge(Policy):
        Learning and an Application to Boosting", JCSS 55(1), 1997.
     .. [2] N. Cesa-Bianchi and G. Lugosi, "Prediction, Learning, and Games", Cambridge
        University Press, 2006, sections 2.2-2.3.
+
+    Examples
+    --------
+    >>> policy = Hedge(["ngram", "jacobi"], seed=0)
+    >>> policy.update_full([1.0, 0.0])  # both proposers scored on the emitted tokens
+    >>> p = policy.probabilities()
+    >>> bool(p[0] > p[1]) and round(float(p.sum()), 12)
+    1.0
     """
 
     name = "hedge"

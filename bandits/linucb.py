@@ -40,6 +40,16 @@ class LinUCB(Policy):
     ----------
     .. [1] L. Li, W. Chu, J. Langford and R. E. Schapire, "A Contextual-Bandit Approach to
        Personalized News Article Recommendation", WWW 2010, Algorithm 1.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> policy = LinUCB(["none", "ngram"], dim=2, alpha=0.1, seed=0)
+    >>> X = np.array([[1.0, 0.0], [1.0, 1.0]] * 20)  # intercept, "prompt repeats itself"
+    >>> policy.update_batch(["none"] * 40, np.full(40, 0.5), X)
+    >>> policy.update_batch(["ngram"] * 40, X[:, 1], X)  # n-gram pays only on repetition
+    >>> policy.pull_batch(np.array([[1.0, 1.0], [1.0, 0.0]]))
+    ['ngram', 'none']
     """
 
     name = "linucb"

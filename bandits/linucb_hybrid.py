@@ -28,7 +28,10 @@ class LinUCBHybrid(Policy):
     ``b_0 = sum r z - sum_a B_a^T A_a^{-1} b_a`` (the Schur complement), ``beta = A_0^{-1} b_0``
     and ``theta_a = A_a^{-1}(b_a - B_a beta)``. The score is the mean plus ``alpha sqrt(s)``,
     ``s = u^T A_0^{-1} u + x^T A_a^{-1} x`` with ``u = z - B_a^T A_a^{-1} x``, which expands to
-    Algorithm 2's four-term ``s_{t,a}``. Any finite reward is accepted.
+    Algorithm 2's four-term ``s_{t,a}``. Since ``z_{x,a} = P_a x`` is linear in x
+    (``P_a = kron(f_a, I_d)``), the mean and ``s`` are precomputed after each update as a vector
+    and a ``d x d`` matrix per arm, so choosing arms for a batch costs what disjoint LinUCB's
+    does. Any finite reward is accepted.
 
     Parameters
     ----------
