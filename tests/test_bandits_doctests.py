@@ -6,9 +6,8 @@ import doctest
 import importlib
 import pkgutil
 
-import pytest
-
 import adaptive_spec.bandits as bandits
+import pytest
 
 MODULES = sorted(m.name for m in pkgutil.iter_modules(bandits.__path__, "adaptive_spec.bandits."))
 
