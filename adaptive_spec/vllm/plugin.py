@@ -1,0 +1,772 @@
+"""vLLM plugin: adaptive speculation inside ``vllm serve`` (the engine core in its own process).
+
+vLLM calls :func:`register` (entry point ``vllm.general_plugins`` -> ``adaptive_spec``) in each of its
+processes. Without the switch it returns at once and changes nothing. With ``ADAPTIVE_SPEC=1`` (or
+``ADAPTIVE_SPEC_CONFIG=/path/config.json``) it:
+
+* validates the configuration (:class:`ServeConfig`; a bad value stops ``vllm serve`` before the model
+  loads, with a message naming the variable);
+* in the API server: creates the metrics directory (``$ADAPTIVE_SPEC_METRICS_DIR``, inherited by the
+  engine core) and registers :class:`~adaptive_spec.vllm.prom.SnapshotCollector` so that ``/metrics``
+  shows the ``adaptive_spec_*`` series;
+* wraps ``EngineCoreProc.run_busy_loop``: when the engine core enters its busy loop (fully built, before
+  it takes its first request), a :class:`ServeRuntime` attaches
+  :class:`~adaptive_spec.vllm.attach.AdaptiveSpec` to it, loads the policy state, and on the way out
+  (shutdown, ``SIGTERM``) saves the state and detaches.
+
+vLLM's CPU build runs one worker in the engine-core process (``distributed_executor_backend="uni"``, the
+default for one device), which AdaptiveSpec needs for its runner-side hook; a multiprocess executor is
+refused at attach time with a clear error.
+
+Persistence: every ``save_every_steps`` engine steps or ``save_every_s`` seconds (whichever first; checked
+after each step) the engine thread serialises the policy state to a JSON string (tens of microseconds for
+the default controller) and hands it to a background thread, which writes it atomically
+(:func:`adaptive_spec.state.write_policy_state`). A final save happens at shutdown, after the background
+thread has finished. A state file that is corrupt or does not fit (other proposers, ``max_k``, policy) is
+refused with a log line, moved aside to ``<file>.refused-<unix time>``, and the controller starts fresh.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+ENV_SWITCH = "ADAPTIVE_SPEC"
+ENV_CONFIG = "ADAPTIVE_SPEC_CONFIG"
+ENV_METRICS_DIR = "ADAPTIVE_SPEC_METRICS_DIR"
+#: Environment variable -> ServeConfig field. Each overrides the same key of the config file.
+ENV_FIELDS = {
+    "ADAPTIVE_SPEC_PROPOSERS": "proposers",
+    "ADAPTIVE_SPEC_POLICY": "policy",
+    "ADAPTIVE_SPEC_STATE": "state",
+    "ADAPTIVE_SPEC_SAVE_EVERY_STEPS": "save_every_steps",
+    "ADAPTIVE_SPEC_SAVE_EVERY_S": "save_every_s",
+    "ADAPTIVE_SPEC_METRICS_INTERVAL_S": "metrics_interval_s",
+    "ADAPTIVE_SPEC_TRACE": "trace",
+    "ADAPTIVE_SPEC_SEED": "seed",
+    "ADAPTIVE_SPEC_NGRAM_MIN": "ngram_min",
+    "ADAPTIVE_SPEC_NGRAM_MAX": "ngram_max",
+}
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Configuration of adaptive speculation under ``vllm serve``.
+
+    Parameters
+    ----------
+    proposers : tuple of str
+        Arms' proposers (``none``, ``ngram``, ``jacobi``, ``draft``), as for ``AdaptiveSpec``.
+    policy : str
+        A policy name for :func:`adaptive_spec.policies.make_policy` (checked at attach time).
+    state : Path, optional
+        Policy-state file: loaded at start if present, saved periodically and at shutdown.
+    save_every_steps : int >= 1
+        Save the state after this many engine steps since the last save.
+    save_every_s : float > 0
+        ... or when this many seconds have passed since the last save (checked after each step).
+    metrics_interval_s : float > 0
+        Seconds between metrics snapshots (the freshness of ``/metrics``).
+    trace : Path, optional
+        JSONL step trace (:mod:`adaptive_spec.trace`).
+    seed : int
+        Seeds the policy.
+    ngram_min, ngram_max : int >= 1
+        n-gram sizes of the prompt-lookup proposer (``ngram_min <= ngram_max``).
+
+    Raises
+    ------
+    ValueError
+        For a value outside the ranges above, naming the field and the value.
+    """
+
+    proposers: tuple[str, ...] = ("none", "ngram", "jacobi")
+    policy: str = "adaptive"
+    state: Path | None = None
+    save_every_steps: int = 1000
+    save_every_s: float = 60.0
+    metrics_interval_s: float = 1.0
+    trace: Path | None = None
+    seed: int = 0
+    ngram_min: int = 2
+    ngram_max: int = 4
+    source: str = field(default="defaults", compare=False)
+
+    def __post_init__(self) -> None:
+        from adaptive_spec.arms import check_proposer_name
+
+        if isinstance(self.proposers, str) or not self.proposers:
+            raise ValueError(
+                f"proposers={self.proposers!r} is invalid ({self.source}); allowed: a non-empty list of "
+                "none, ngram, jacobi, draft"
+            )
+        for p in self.proposers:
+            try:
+                check_proposer_name(p)
+            except ValueError as e:
+                raise ValueError(f"{e} ({self.source})") from None
+        if not isinstance(self.policy, str) or not self.policy:
+            raise ValueError(
+                f"policy={self.policy!r} is invalid ({self.source}); allowed: a policy name such as "
+                "'adaptive', 'adaptive-ucb', 'static:ngram:4', 'none'"
+            )
+        for name in ("save_every_steps", "ngram_min", "ngram_max"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(
+                    f"{name}={v!r} is invalid ({self.source}); allowed: an integer >= 1"
+                )
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(
+                f"ngram_min={self.ngram_min} > ngram_max={self.ngram_max} ({self.source}); "
+                "allowed: ngram_min <= ngram_max"
+            )
+        for name in ("save_every_s", "metrics_interval_s"):
+            v = getattr(self, name)
+            if (
+                not isinstance(v, (int, float))
+                or isinstance(v, bool)
+                or not (v > 0 and v < float("inf"))
+            ):
+                raise ValueError(
+                    f"{name}={v!r} is invalid ({self.source}); allowed: a finite number of seconds > 0"
+                )
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"seed={self.seed!r} is invalid ({self.source}); allowed: an integer")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], source: str = "config") -> ServeConfig:
+        """Build from a mapping of field names to values (strings are converted: ``proposers`` from a
+        comma-separated list, numbers from their text, paths from text).
+
+        Raises
+        ------
+        ValueError
+            For an unknown key or a value that does not convert or is out of range.
+        """
+        known = {f.name for f in fields(cls)} - {"source"}
+        kwargs: dict[str, Any] = {}
+        for key, raw in values.items():
+            if key not in known:
+                raise ValueError(
+                    f"unknown key {key!r} in {source}; allowed: {', '.join(sorted(known))}"
+                )
+            kwargs[key] = _convert(key, raw, source)
+        return cls(**kwargs, source=source)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ServeConfig | None:
+        """The configuration from the environment, or None when adaptive speculation is off.
+
+        On when ``ADAPTIVE_SPEC`` is 1/true/yes/on, or when ``ADAPTIVE_SPEC_CONFIG`` is set and
+        ``ADAPTIVE_SPEC`` is unset. The config file (JSON object with :class:`ServeConfig`'s field names)
+        is read first; each ``ADAPTIVE_SPEC_<FIELD>`` variable (:data:`ENV_FIELDS`) overrides its key.
+
+        Raises
+        ------
+        ValueError
+            For an invalid switch value, an unreadable or invalid config file, or an invalid value.
+        """
+        env = os.environ if environ is None else environ
+        switch = env.get(ENV_SWITCH)
+        config_path = env.get(ENV_CONFIG)
+        if switch is not None:
+            s = switch.strip().lower()
+            if s not in _TRUE + _FALSE:
+                raise ValueError(
+                    f"{ENV_SWITCH}={switch!r} is invalid; allowed: 1/true/yes/on or 0/false/no/off"
+                )
+            if s in _FALSE:
+                return None
+        elif not config_path:
+            return None
+        values: dict[str, Any] = {}
+        source = "environment"
+        if config_path:
+            try:
+                loaded = json.loads(Path(config_path).read_text(encoding="utf-8"))
+            except (OSError, ValueError) as e:
+                raise ValueError(
+                    f"{ENV_CONFIG}={config_path!r} cannot be read as JSON: {e}"
+                ) from None
+            if not isinstance(loaded, dict):
+                raise ValueError(
+                    f"{ENV_CONFIG}={config_path!r} must hold a JSON object, got {type(loaded).__name__}"
+                )
+            cfg = cls.from_mapping(loaded, source=f"{ENV_CONFIG}={config_path}")
+            values = {f.name: getattr(cfg, f.name) for f in fields(cls) if f.name in loaded}
+            source = f"{ENV_CONFIG}={config_path} and environment"
+        for var, name in ENV_FIELDS.items():
+            if var in env:
+                values[name] = _convert(name, env[var], var)
+        return cls(**values, source=source)
+
+
+def _convert(name: str, raw: Any, source: str) -> Any:
+    try:
+        if name == "proposers":
+            if isinstance(raw, str):
+                return tuple(p.strip() for p in raw.split(",") if p.strip())
+            if isinstance(raw, (list, tuple)):
+                return tuple(raw)
+            raise TypeError
+        if name in ("state", "trace"):
+            if raw is None or raw == "":
+                return None
+            if not isinstance(raw, (str, os.PathLike)):
+                raise TypeError
+            return Path(raw).expanduser()
+        if name in ("save_every_steps", "seed", "ngram_min", "ngram_max"):
+            if isinstance(raw, str):
+                return int(raw.strip())
+            return raw
+        if name in ("save_every_s", "metrics_interval_s"):
+            if isinstance(raw, str):
+                return float(raw.strip())
+            return raw
+        return raw
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{name}={raw!r} from {source} cannot be converted; see ServeConfig for allowed values"
+        ) from None
+
+
+# -- the engine-core side -----------------------------------------------------------------------------
+class ServeRuntime:
+    """Adaptive speculation attached to one vLLM ``EngineCore``, with periodic state saves and metrics
+    snapshots. Built by the plugin inside the engine-core process; usable on an in-process core too.
+
+    Parameters
+    ----------
+    core : vllm.v1.engine.core.EngineCore
+        A fully built engine core with speculative decoding and a single-process executor.
+    config : ServeConfig
+    engine_index : int
+        vLLM's engine index (the ``engine`` label of the metrics).
+    metrics_dir : path, optional
+        Where to write the metrics snapshot (default ``$ADAPTIVE_SPEC_METRICS_DIR``; none if unset).
+
+    Raises
+    ------
+    AttachError, ValueError
+        As :class:`~adaptive_spec.vllm.attach.AdaptiveSpec` (unsupported engine, bad proposer/policy).
+    """
+
+    def __init__(
+        self,
+        core: Any,
+        config: ServeConfig,
+        *,
+        engine_index: int = 0,
+        metrics_dir: str | Path | None = None,
+    ) -> None:
+        from adaptive_spec.vllm.attach import AdaptiveSpec
+
+        self.config = config
+        self.engine_index = int(engine_index)
+        if metrics_dir is None and os.environ.get(ENV_METRICS_DIR):
+            metrics_dir = os.environ[ENV_METRICS_DIR]
+        self.metrics_dir = Path(metrics_dir) if metrics_dir else None
+        self.spec = AdaptiveSpec.attach_engine_core(
+            core,
+            list(config.proposers),
+            policy=config.policy,
+            trace=config.trace,
+            seed=config.seed,
+            ngram_min=config.ngram_min,
+            ngram_max=config.ngram_max,
+        )
+        self.core = core
+        self.state_path = config.state
+        self.state_loaded = False
+        self.saves = 0
+        self.save_failures = 0
+        self.last_save_time: float | None = None
+        self.max_serialise_s = 0.0
+        self._closed = False
+        self._steps = 0
+        self._saved_steps = 0
+        self._saved_t = time.monotonic()
+        self._est_t = -float("inf")
+        self._estimates: dict[str, float] = {}
+        self._seq = 0
+        self._written_seq = 0
+        self._state_lock = threading.Lock()
+        self._metrics_key: tuple[Any, ...] | None = None
+        self._metrics_warned = False
+        try:
+            self.state_loaded = self._load_state()
+            self._refresh_estimates()
+            self._write_metrics()
+            inner = core.post_step  # AdaptiveSpec's hook; its detach() removes this wrapper too
+
+            def post_step(model_executed: bool) -> None:
+                inner(model_executed)
+                self._after_step(model_executed)
+
+            core.post_step = post_step
+            self._writer = _Writer(self, config.metrics_interval_s)
+            self._writer.start()
+        except BaseException:
+            self.spec.detach()
+            raise
+        atexit.register(self.close)
+        logger.info(
+            "adaptive-spec attached to engine %d: policy=%s proposers=%s max_k=%d engine_method=%s "
+            "state=%s (%s) metrics_dir=%s",
+            self.engine_index,
+            self.spec.policy.name,
+            ",".join(self.spec.proposer_names),
+            self.spec.max_k,
+            self.spec.engine_method,
+            self.state_path,
+            "loaded" if self.state_loaded else "fresh",
+            self.metrics_dir,
+        )
+
+    # -- state --------------------------------------------------------------------------------
+    def _load_state(self) -> bool:
+        from adaptive_spec.state import load_policy_state
+
+        path = self.state_path
+        if path is None:
+            return False
+        if not path.exists():
+            logger.info(
+                "adaptive-spec: no policy state at %s yet; the controller starts fresh and saves there",
+                path,
+            )
+            return False
+        if load_policy_state(self.spec.policy, path):
+            logger.info(
+                "adaptive-spec: policy state loaded from %s (%s learned steps)",
+                path,
+                getattr(self.spec.policy, "n_steps", "?"),
+            )
+            return True
+        aside = path.with_name(f"{path.name}.refused-{int(time.time())}")
+        n = 1
+        while aside.exists():
+            aside = path.with_name(f"{path.name}.refused-{int(time.time())}-{n}")
+            n += 1
+        try:
+            os.replace(path, aside)
+            logger.warning(
+                "adaptive-spec: policy state %s refused (reason logged above), kept as %s; "
+                "the controller starts fresh",
+                path,
+                aside,
+            )
+        except OSError as e:
+            logger.warning(
+                "adaptive-spec: policy state %s refused and could not be moved aside (%s); "
+                "the controller starts fresh and will overwrite it",
+                path,
+                e,
+            )
+        return False
+
+    def _after_step(self, model_executed: bool) -> None:
+        """Engine thread, after each step: cheap checks; serialise the state when due (every
+        ``save_every_steps`` steps or ``save_every_s`` seconds while busy, and as soon as the engine has
+        no unfinished request, so that an idle server's state on disk is current)."""
+        try:
+            if model_executed:
+                self._steps += 1
+            unsaved = self._steps - self._saved_steps
+            if unsaved <= 0:
+                return
+            now = time.monotonic()
+            cfg = self.config
+            idle = self.core.scheduler.get_num_unfinished_requests() == 0
+            if self.state_path is not None and (
+                idle or unsaved >= cfg.save_every_steps or now - self._saved_t >= cfg.save_every_s
+            ):
+                self._queue_save(now)
+            elif idle:
+                self._saved_steps = self._steps  # no state file: only marks the idle point
+            if idle or now - self._est_t >= cfg.metrics_interval_s:
+                self._refresh_estimates()
+                self._est_t = now
+                self._writer.nudge()
+        except Exception as e:  # never takes the engine down
+            self.spec._fault("serve runtime", e)
+
+    def _queue_save(self, now: float) -> None:
+        from adaptive_spec.state import policy_state_json
+
+        t0 = time.perf_counter()
+        data = policy_state_json(self.spec.policy)
+        self.max_serialise_s = max(self.max_serialise_s, time.perf_counter() - t0)
+        self._seq += 1
+        self._writer.put_state(data, self._seq)
+        self._saved_steps = self._steps
+        self._saved_t = now
+
+    def _write_state(self, data: str, seq: int) -> None:
+        """Writer thread (and :meth:`close`): write if newer than what is on disk."""
+        from adaptive_spec.state import write_policy_state
+
+        assert self.state_path is not None
+        with self._state_lock:
+            if seq <= self._written_seq:
+                return
+            try:
+                write_policy_state(data, self.state_path)
+            except OSError as e:
+                self.save_failures += 1
+                if self.save_failures <= 3 or self.save_failures % 100 == 0:
+                    logger.warning(
+                        "adaptive-spec: cannot write the policy state to %s (%s: %s); failure #%d, "
+                        "serving continues",
+                        self.state_path,
+                        type(e).__name__,
+                        e,
+                        self.save_failures,
+                    )
+                return
+            self._written_seq = seq
+            self.saves += 1
+            self.last_save_time = time.time()
+
+    def save_now(self) -> None:
+        """Serialise and write the state synchronously on the calling thread (the engine's thread)."""
+        if self.state_path is None:
+            return
+        from adaptive_spec.state import policy_state_json
+
+        self._seq += 1
+        self._write_state(policy_state_json(self.spec.policy), self._seq)
+        self._saved_steps = self._steps
+        self._saved_t = time.monotonic()
+
+    # -- metrics ------------------------------------------------------------------------------
+    def _refresh_estimates(self) -> None:
+        est = getattr(self.spec.policy, "estimated_acceptance", None)
+        if callable(est):
+            self._estimates = {str(k): float(v) for k, v in est().items()}
+
+    def snapshot(self) -> dict[str, Any]:
+        """The current metrics snapshot (:func:`adaptive_spec.vllm.prom.metrics_snapshot`)."""
+        from adaptive_spec.vllm.prom import metrics_snapshot
+
+        spec = self.spec
+        n = getattr(spec.policy, "n_steps", None)
+        return metrics_snapshot(
+            spec.metrics,
+            engine=self.engine_index,
+            info={
+                "policy": spec.policy.name,
+                "proposers": spec.proposer_names,
+                "max_k": spec.max_k,
+                "engine_method": spec.engine_method,
+            },
+            estimated_acceptance=self._estimates,
+            policy_learned_steps=n if isinstance(n, int) else None,
+            state={
+                "loaded": self.state_loaded,
+                "saves": self.saves,
+                "save_failures": self.save_failures,
+                "last_save_time": self.last_save_time,
+            },
+        )
+
+    def _write_metrics(self, force: bool = False) -> None:
+        """Writer thread (and start/close): write the snapshot if anything changed."""
+        if self.metrics_dir is None:
+            return
+        from adaptive_spec.vllm.prom import write_snapshot
+
+        m = self.spec.metrics
+        key = (m.steps, m.faults, self.saves, self.save_failures, tuple(self._estimates.values()))
+        if not force and key == self._metrics_key:
+            return
+        try:
+            write_snapshot(self.snapshot(), self.metrics_dir)
+            self._metrics_key = key
+        except Exception as e:
+            if not self._metrics_warned:
+                self._metrics_warned = True
+                logger.warning(
+                    "adaptive-spec: cannot write metrics to %s (%s: %s); /metrics will lag",
+                    self.metrics_dir,
+                    type(e).__name__,
+                    e,
+                )
+
+    # -- shutdown -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the writer, save the state a last time, write the last metrics, detach. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.close)
+        try:
+            self._writer.stop(timeout=10.0)
+            if self.state_path is not None:
+                try:
+                    self.save_now()
+                    logger.info(
+                        "adaptive-spec: policy state saved to %s at shutdown (%s learned steps, "
+                        "%d saves, slowest serialisation on the engine thread %.2f ms)",
+                        self.state_path,
+                        getattr(self.spec.policy, "n_steps", "?"),
+                        self.saves,
+                        1e3 * self.max_serialise_s,
+                    )
+                except Exception as e:
+                    logger.warning(
+                        "adaptive-spec: final state save failed: %s: %s", type(e).__name__, e
+                    )
+            with contextlib.suppress(Exception):
+                self._refresh_estimates()
+            self._write_metrics(force=True)
+        finally:
+            self.spec.detach()
+
+
+class _Writer(threading.Thread):
+    """Background thread: writes queued policy states (newest only) and metrics snapshots."""
+
+    def __init__(self, runtime: ServeRuntime, interval_s: float) -> None:
+        super().__init__(name="adaptive-spec-writer", daemon=True)
+        self.runtime = runtime
+        self.interval_s = interval_s
+        self._cv = threading.Condition()
+        self._pending: tuple[str, int] | None = None
+        self._nudged = False
+        self._stopping = False
+
+    def put_state(self, data: str, seq: int) -> None:
+        with self._cv:
+            self._pending = (data, seq)  # an older pending state is superseded, never queued up
+            self._cv.notify()
+
+    def nudge(self) -> None:
+        """Write the metrics snapshot now rather than at the next interval."""
+        with self._cv:
+            self._nudged = True
+            self._cv.notify()
+
+    def run(self) -> None:
+        while True:
+            with self._cv:
+                if not self._stopping and self._pending is None and not self._nudged:
+                    self._cv.wait(timeout=self.interval_s)
+                pending, self._pending = self._pending, None
+                self._nudged = False
+                stopping = self._stopping
+            try:
+                if pending is not None:
+                    self.runtime._write_state(*pending)
+                self.runtime._write_metrics()
+            except Exception as e:  # pragma: no cover (both methods catch their own errors)
+                logger.warning("adaptive-spec writer: %s: %s", type(e).__name__, e)
+            if stopping:
+                return
+
+    def stop(self, timeout: float) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self.is_alive():
+            self.join(timeout)
+
+
+# -- registration (every vLLM process) ------------------------------------------------------------
+_registered = False
+_register_lock = threading.Lock()
+
+
+def ensure_metrics_dir(environ: dict[str, str] | os._Environ[str] | None = None) -> Path:
+    """``$ADAPTIVE_SPEC_METRICS_DIR``, creating a temporary directory (removed at exit by the process
+    that created it) and exporting it for child processes when unset."""
+    env = os.environ if environ is None else environ
+    d = env.get(ENV_METRICS_DIR)
+    if d:
+        return Path(d)
+    d = tempfile.mkdtemp(prefix="adaptive-spec-metrics-")
+    env[ENV_METRICS_DIR] = d
+    pid = os.getpid()
+
+    def _cleanup() -> None:
+        if os.getpid() == pid:
+            shutil.rmtree(d, ignore_errors=True)
+
+    atexit.register(_cleanup)
+    return Path(d)
+
+
+def _forward_logs_to_vllm() -> None:
+    """Show adaptive-spec's log lines like vLLM's (same handlers and level), unless the application
+    configured the ``adaptive_spec`` logger itself."""
+    ours = logging.getLogger("adaptive_spec")
+    theirs = logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for h in theirs.handlers:
+        ours.addHandler(h)
+    ours.setLevel(theirs.level or logging.INFO)
+    ours.propagate = False
+
+
+def _start_runtime(core: Any, config: ServeConfig) -> ServeRuntime | None:
+    if getattr(core, "_adaptive_spec_runtime", None) is not None:
+        return None  # already attached (a subclass's busy loop calling its parent's)
+    runtime = ServeRuntime(core, config, engine_index=int(getattr(core, "engine_index", 0) or 0))
+    core._adaptive_spec_runtime = runtime
+    return runtime
+
+
+def check_vllm_config(vllm_config: Any, config: ServeConfig) -> None:
+    """Refuse, before any engine process starts, a vLLM configuration adaptive speculation cannot drive.
+
+    Parameters
+    ----------
+    vllm_config : vllm.config.VllmConfig
+        As built by ``EngineArgs.create_engine_config`` (after the platform adjusted it).
+    config : ServeConfig
+
+    Raises
+    ------
+    ValueError
+        No speculative decoding, an unsupported method, a multiprocess executor (the model runner in
+        another process), async scheduling, ``draft`` without a draft model, or an unknown policy; the
+        message gives the flag or variable that fixes it.
+    """
+    from adaptive_spec.policies import make_policy
+    from adaptive_spec.vllm.attach import DRAFT_METHODS, ENGINE_METHODS
+
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None or not getattr(spec, "num_speculative_tokens", 0):
+        raise ValueError(
+            f"{ENV_SWITCH} is on but the engine has no speculative decoding; add e.g. "
+            """--speculative-config '{"method": "ngram", "num_speculative_tokens": 8, """
+            """"prompt_lookup_min": 2, "prompt_lookup_max": 4}' (its num_speculative_tokens is the """
+            "largest k)"
+        )
+    if spec.method not in ENGINE_METHODS:
+        raise ValueError(
+            f"speculative method {spec.method!r} is not supported by adaptive-spec; allowed: "
+            f"{', '.join(ENGINE_METHODS)}"
+        )
+    if "draft" in config.proposers and spec.method not in DRAFT_METHODS:
+        raise ValueError(
+            f"proposer 'draft' ({config.source}) needs a draft-model engine (speculative method in "
+            f"{', '.join(DRAFT_METHODS)}); this one uses {spec.method!r}"
+        )
+    backend = getattr(vllm_config.parallel_config, "distributed_executor_backend", None)
+    if backend != "uni":
+        hint = (
+            "on vLLM's CPU backend set VLLM_ENABLE_V1_MULTIPROCESSING=0 in the server's environment "
+            "(vLLM's CPU platform otherwise moves the worker into a process of its own; the engine core "
+            "still runs in its own process under vllm serve)"
+            if str(getattr(vllm_config.device_config, "device_type", "")) == "cpu"
+            else "pass --distributed-executor-backend uni (one device per engine)"
+        )
+        raise ValueError(
+            f"adaptive-spec needs the model runner in the engine-core process "
+            f"(distributed_executor_backend='uni'); this configuration uses {backend!r}: {hint}"
+        )
+    if getattr(vllm_config.scheduler_config, "async_scheduling", False):
+        raise ValueError(
+            "adaptive-spec does not support async scheduling: pass --no-async-scheduling"
+        )
+    make_policy(config.policy, list(config.proposers), int(spec.num_speculative_tokens))
+
+
+def _patch_engine_args(config: ServeConfig) -> None:
+    from vllm.engine.arg_utils import EngineArgs
+
+    orig = EngineArgs.create_engine_config
+    if getattr(orig, "_adaptive_spec_wrapped", False):
+        return
+
+    @functools.wraps(orig)
+    def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        vllm_config = orig(self, *args, **kwargs)
+        check_vllm_config(vllm_config, config)
+        return vllm_config
+
+    create_engine_config._adaptive_spec_wrapped = True  # type: ignore[attr-defined]
+    EngineArgs.create_engine_config = create_engine_config
+
+
+def _patch_engine_core(config: ServeConfig) -> None:
+    from vllm.v1.engine import core as core_mod
+
+    for cls_name in ("EngineCoreProc", "DPEngineCoreProc"):
+        cls = getattr(core_mod, cls_name, None)
+        if cls is None or "run_busy_loop" not in vars(cls):
+            continue
+        orig = vars(cls)["run_busy_loop"]
+        if getattr(orig, "_adaptive_spec_wrapped", False):
+            continue
+
+        @functools.wraps(orig)
+        def run_busy_loop(self: Any, _orig: Any = orig) -> Any:
+            runtime = _start_runtime(self, config)
+            try:
+                return _orig(self)
+            finally:
+                if runtime is not None:
+                    runtime.close()
+
+        run_busy_loop._adaptive_spec_wrapped = True  # type: ignore[attr-defined]
+        cls.run_busy_loop = run_busy_loop
+
+
+def register() -> None:
+    """vLLM's ``vllm.general_plugins`` entry point. Cheap and idempotent; a no-op without the switch.
+
+    Raises
+    ------
+    ValueError
+        When the switch is on and the configuration is invalid (stops ``vllm serve`` early).
+    """
+    global _registered
+    with _register_lock:
+        if _registered:
+            return
+        config = ServeConfig.from_env()
+        _registered = True
+        if config is None:
+            return
+        _forward_logs_to_vllm()
+        directory = ensure_metrics_dir()
+        from adaptive_spec.vllm.prom import register_collector
+
+        register_collector(directory)
+        _patch_engine_args(config)
+        _patch_engine_core(config)
+        logger.debug("adaptive-spec plugin registered (%s)", config.source)
+
+
+__all__ = [
+    "ENV_CONFIG",
+    "ENV_FIELDS",
+    "ENV_METRICS_DIR",
+    "ENV_SWITCH",
+    "ServeConfig",
+    "ServeRuntime",
+    "check_vllm_config",
+    "ensure_metrics_dir",
+    "register",
+]
