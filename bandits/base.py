@@ -469,7 +469,7 @@ class Policy(abc.ABC):
         """Learn a batch of observations in one vectorised call.
 
         For every policy except EXP3 this is equivalent to calling :meth:`update` on each row
-        in order; EXP3 importance-weights the whole batch with the current probabilities (the
+        in order (up to floating-point summation order); EXP3 importance-weights the whole batch with the current probabilities (the
         ones the batch was drawn with by :meth:`pull_batch`).
 
         Parameters
@@ -621,7 +621,12 @@ class Policy(abc.ABC):
                 f"state is for {state['class']!r} version {state['version']!r}; "
                 f"expected {type(self).__name__!r} version {_STATE_VERSION}"
             )
-        fresh = type(self)(state["arms"], **state["params"])
+        if not isinstance(state["params"], dict):
+            raise ValueError(f"state['params'] must be a dict, got {state['params']!r:.80}")
+        try:
+            fresh = type(self)(state["arms"], **state["params"])
+        except TypeError as exc:
+            raise ValueError(f"state['params'] do not fit {type(self).__name__}: {exc}") from exc
         counts = np.asarray(state["counts"])
         if counts.shape != (fresh.n_arms,) or counts.dtype.kind != "i" or (counts < 0).any():
             raise ValueError(f"state['counts'] must be {fresh.n_arms} non-negative ints")
