@@ -19,6 +19,10 @@ from ._philox_triton import philox4x32, to_uniform
 from .philox import NOISE_SUB, PURPOSE_ACCEPT, PURPOSE_SAMPLE
 from .rejection import VerifyOutput, _check_args, row_request_index
 
+# Globals used inside kernels must be constexpr.
+C_ACCEPT = tl.constexpr(PURPOSE_ACCEPT)
+C_SAMPLE = tl.constexpr(PURPOSE_SAMPLE)
+
 
 @triton.jit
 def _row_stats_kernel(
@@ -130,7 +134,7 @@ def _accept_kernel(
                 q = 1.0
             zero = tl.zeros([], tl.uint32)
             w0, _w1, _w2, _w3 = philox4x32(
-                zero, (start * 0 + j).to(tl.uint32), zero + PURPOSE_ACCEPT, zero, seed
+                zero, (start * 0 + j).to(tl.uint32), zero + C_ACCEPT, zero, seed
             )
             u = to_uniform(w0)
             ok_s = (q > 0) & (u * q < p)
@@ -201,7 +205,7 @@ def _sample_kernel(
         w0, w1, w2, w3 = philox4x32(
             (t + c * SUB).to(tl.uint32),
             zero + pos.to(tl.uint32),
-            zero + PURPOSE_SAMPLE,
+            zero + C_SAMPLE,
             zero,
             seed,
         )

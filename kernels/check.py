@@ -271,6 +271,105 @@ CHECKS: dict[str, Check] = {
 }
 
 
+def _compile_specs() -> list[tuple[str, object, dict[str, str], dict[str, object]]]:
+    """(name, kernel, pointer/scalar signature, constexprs) of every Triton kernel variant."""
+    from . import _jacobi_triton as jt
+    from . import _lora_triton as lt
+    from . import _ngram_triton as nt
+    from . import _rejection_triton as rt
+
+    i32, i64, f32 = "i32", "i64", "*fp32"
+    specs: list[tuple[str, object, dict[str, str], dict[str, object]]] = []
+    for dt in ("fp32", "bf16", "fp16"):
+        sig = {"logits_ptr": f"*{dt}", "stride_row": i64, "row_inv_t_ptr": f32}
+        sig |= {"part_m_ptr": f32, "part_s_ptr": f32, "part_i_ptr": "*i32"}
+        sig |= {"V": i32, "chunk": i32, "n_split": i32}
+        specs.append((f"row_stats {dt}", rt._row_stats_kernel, sig, {"BLOCK": 2048}))
+    common = {"logits_ptr": f32, "stride_row": i64, "draft_ptr": "*i64", "cu_ptr": "*i64"}
+    common |= {"draft_probs_ptr": f32, "inv_t_ptr": f32, "greedy_ptr": "*i8", "seeds_ptr": "*i64"}
+    for st in (False, True):
+        for hq in (False, True):
+            sig = dict(common)
+            sig |= {"part_m_ptr": f32, "part_s_ptr": f32, "part_i_ptr": "*i32", "n_split": i32}
+            sig |= {"row_m_ptr": f32, "row_s_ptr": f32, "argmax_ptr": "*i64", "out_ptr": "*i64"}
+            sig |= {"n_acc_ptr": "*i64", "sample_pos_ptr": "*i64", "rejected_ptr": "*i8"}
+            sig |= {"V": i32, "max_k": i32}
+            const = {"STOCHASTIC": st, "HAS_Q": hq, "SPLIT_P2": 4}
+            specs.append((f"accept stochastic={st} q={hq}", rt._accept_kernel, sig, const))
+    for hq in (False, True):
+        sig = dict(common)
+        sig |= {"row_m_ptr": f32, "row_s_ptr": f32, "sample_pos_ptr": "*i64", "rejected_ptr": "*i8"}
+        sig |= {"best_r_ptr": f32, "best_ri_ptr": "*i64", "best_p_ptr": f32, "best_pi_ptr": "*i64"}
+        sig |= {"V": i32, "chunks_per_split": i32, "n_split": i32}
+        specs.append((f"sample q={hq}", rt._sample_kernel, sig, {"HAS_Q": hq, "SUB": 1024}))
+    sig = {"greedy_ptr": "*i8", "n_acc_ptr": "*i64", "best_r_ptr": f32, "best_ri_ptr": "*i64"}
+    sig |= {
+        "best_p_ptr": f32,
+        "best_pi_ptr": "*i64",
+        "out_ptr": "*i64",
+        "max_k": i32,
+        "n_split": i32,
+    }
+    specs.append(("finalize", rt._finalize_kernel, sig, {"SPLIT_P2": 8}))
+    sig = {"tok_ptr": "*i64", "stride_b": i64, "num_ptr": "*i64", "cap_ptr": "*i64"}
+    sig |= {"out_ptr": "*i64", "num_out_ptr": "*i64", "n_out_ptr": "*i64"}
+    sig |= {"lmax": i32, "max_window": i32, "max_k": i32}
+    specs.append(
+        ("ngram", nt._ngram_kernel, sig, {"MIN_N": 2, "MAX_N": 4, "BLOCK": 2048, "KBLOCK": 8})
+    )
+    sig = {"y_ptr": "*i64", "y_stride": i64, "len_ptr": "*i64", "z_ptr": "*i64", "z_stride": i64}
+    sig |= {
+        "acc_ptr": "*i64",
+        "emit_ptr": "*i64",
+        "nxt_ptr": "*i64",
+        "nxt_len_ptr": "*i64",
+        "K": i32,
+    }
+    specs.append(("jacobi_step", jt._jacobi_step_kernel, sig, {"KB": 16}))
+    sig = {"traj_ptr": "*i64", "t_stride_b": i64, "t_stride_l": i64, "pred_ptr": "*i64"}
+    sig |= {"p_stride_b": i64, "out_ptr": "*i64", "W": i32, "M": i32}
+    specs.append(("lookahead_ngrams", jt._ngrams_kernel, sig, {"N": 3, "NB": 4, "BLOCK": 16}))
+    sig = {"pool_ptr": "*i64", "ptr_ptr": "*i64", "ng_ptr": "*i64", "C": i32, "M": i32}
+    specs.append(("pool_update", jt._pool_update_kernel, sig, {"N": 3, "CB": 64, "NB": 4}))
+    for dt in ("fp32", "bf16"):
+        sig = {"x_ptr": f"*{dt}", "x_stride": i64, "a_ptr": f"*{dt}", "a_stride_l": i64}
+        sig |= {"a_stride_k": i64, "idx_ptr": "*i64", "t_ptr": f32, "d_in": i32, "rank": i32}
+        specs.append((f"lora_shrink {dt}", lt._shrink_kernel, sig, {"RB": 16, "BLOCK_K": 256}))
+        sig = {"t_ptr": f32, "b_ptr": f"*{dt}", "b_stride_l": i64, "b_stride_r": i64}
+        sig |= {"idx_ptr": "*i64", "scale_ptr": f32, "y_ptr": f"*{dt}", "y_stride": i64}
+        sig |= {"d_out": i32, "rank": i32}
+        specs.append((f"lora_expand {dt}", lt._expand_kernel, sig, {"RB": 16, "BLOCK_N": 256}))
+    return specs
+
+
+def compile_kernels(arch: int = 90) -> dict[str, str | None]:
+    """Compile every Triton kernel variant ahead of time for CUDA ``sm_<arch>`` (no GPU needed).
+
+    Catches what the interpreter does not (non-constexpr globals, type errors of the compiled
+    language). Needs Triton's NVIDIA backend with its bundled ``ptxas``; must run without
+    ``TRITON_INTERPRET``.
+
+    Returns
+    -------
+    dict
+        ``{variant: None}`` on success, else the error text.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", arch, 32)
+    out: dict[str, str | None] = {}
+    for name, fn, sig, const in _compile_specs():
+        full = dict(sig) | {k: "constexpr" for k in const}
+        try:
+            triton.compile(ASTSource(fn=fn, signature=full, constexprs=const), target=target)
+            out[name] = None
+        except Exception as exc:  # report every failing variant
+            out[name] = f"{type(exc).__name__}: {str(exc)[:2000]}"
+    return out
+
+
 def run_checks(
     device: torch.device | str, names: list[str] | None = None, small: bool | None = None
 ) -> dict[str, dict[str, object]]:
@@ -321,7 +420,17 @@ def main(argv: list[str] | None = None) -> int:
         "--only", action="append", default=None, help="run only this check (repeatable)"
     )
     ap.add_argument("--large", action="store_true", help="GPU sizes even on CPU")
+    ap.add_argument(
+        "--compile", type=int, default=None, metavar="ARCH", help="only compile for sm_ARCH"
+    )
     args = ap.parse_args(argv)
+    if args.compile is not None:
+        comp = compile_kernels(args.compile)
+        for name, err in comp.items():
+            print(
+                f"{'OK  ' if err is None else 'FAIL'} compile sm_{args.compile} {name} {err or ''}"
+            )
+        return 0 if all(e is None for e in comp.values()) else 1
     res = run_checks(args.device, args.only, small=False if args.large else None)
     for name, r in res.items():
         status = "PASS" if r["ok"] else "FAIL"
@@ -333,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if not torch.cuda.is_available() and "triton" not in sys.modules:
+    compile_only = any(a.startswith("--compile") for a in sys.argv[1:])
+    if not torch.cuda.is_available() and not compile_only and "triton" not in sys.modules:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     sys.exit(main())
