@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--kernels has {bad}; allowed: {sorted(allowed)}")
     bw = copy_bandwidth(device, 1 << 30 if device.type == "cuda" else 1 << 26)
     meta = {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device)
         if device.type == "cuda"
         else platform.processor() or "cpu",
@@ -287,13 +287,15 @@ def main(argv: list[str] | None = None) -> int:
         "lora": lambda: bench_lora(device, quick, use_triton),
     }
     for name in wanted:
+        t0 = time.perf_counter()
         rows += runners[name]()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    _finish(rows)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=2)
+        _finish(rows)
+        print(f"[bench] {name}: {time.perf_counter() - t0:.1f}s", flush=True)
+        if args.out:  # written after every kernel group: a time-out keeps what was measured
+            with open(args.out, "w") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=2)
     title = (
         f"{meta['device']} | torch {meta['torch']} | triton {meta['triton']} | "
         f"copy bandwidth {meta['copy_bandwidth_GBps']:.0f} GB/s | {meta['timed']} | {meta['date']}"

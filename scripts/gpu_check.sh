@@ -41,11 +41,11 @@ cat "$OUT/env.txt"
 status=0
 if [ "$DEVICE" = cuda ]; then
   echo "== Triton vs reference on CUDA"
-  timeout 300 "$PY" -W ignore -m adaptive_spec.kernels.check --device cuda \
+  timeout 150 "$PY" -W ignore -m adaptive_spec.kernels.check --device cuda \
     --json "$OUT/checks.json" > "$OUT/checks.txt" 2>&1 || status=1
   cat "$OUT/checks.txt"
   echo "== bench"
-  timeout 420 "$PY" -W ignore -m adaptive_spec.kernels.bench --device cuda \
+  timeout 280 "$PY" -W ignore -m adaptive_spec.kernels.bench --device cuda \
     --out "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
   tail -n 120 "$OUT/bench.txt"
 else

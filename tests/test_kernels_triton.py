@@ -8,6 +8,7 @@ already have done (vLLM and transformers import it).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -47,6 +48,20 @@ def results(tmp_path_factory) -> dict:
 def test_triton_kernel_equals_reference(results: dict, name: str) -> None:
     r = results[name]
     assert r["ok"], f"{name}: {r['detail']}"
+
+
+NVIDIA_BACKEND = TRITON_OK and importlib.util.find_spec("triton.backends.nvidia") is not None
+
+
+@pytest.mark.skipif(not NVIDIA_BACKEND, reason="Triton has no NVIDIA backend (ptxas) here")
+def test_every_kernel_variant_compiles_for_sm90() -> None:
+    """Ahead-of-time compilation catches what the interpreter does not (no GPU needed)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, "-W", "ignore", "-m", "adaptive_spec.kernels.check", "--compile", "90"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in proc.stdout.splitlines() if "compile sm_90" in ln]
+    assert len(lines) >= 18, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, "\n".join(ln for ln in lines if ln.startswith("FAIL"))
 
 
 def test_the_comparison_reports_differences() -> None:
