@@ -12,6 +12,7 @@
 #            bench.{txt,json}
 #   DEVICE   cuda (default) or cpu (a dry run here: the interpreter and --quick sizes)
 #   PYTHON   interpreter (default python3)
+#   COMMIT   commit id to record when the copy has no .git
 # Exit status: 0 when the checks pass, 1 otherwise (the bench runs either way).
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -27,11 +28,15 @@ printf '"""Shim: only the kernels sub-package of adaptive-spec (scripts/gpu_chec
   > "$SHIM/adaptive_spec/__init__.py"
 ln -s "$ROOT/kernels" "$SHIM/adaptive_spec/kernels"
 export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
+# `python -m` puts the working directory first on sys.path: run from the shim so that the
+# repository's own adaptive_spec/ (without kernels/) does not shadow it.
+OUT=$(mkdir -p "$OUT" && cd "$OUT" && pwd)
+cd "$SHIM"
 export PYTHONDONTWRITEBYTECODE=1
 
 {
   date -u +%Y-%m-%dT%H:%M:%SZ
-  (cd "$ROOT" && git rev-parse HEAD 2>/dev/null) || echo "commit: unknown (no git)"
+  echo "commit: ${COMMIT:-$(cd "$ROOT" && git rev-parse HEAD 2>/dev/null || echo unknown)}"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem \
     --format=csv 2>/dev/null || echo "nvidia-smi: unavailable"
   "$PY" -c 'import sys, torch, triton; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__, "cuda", torch.cuda.is_available() and torch.cuda.get_device_name())'
