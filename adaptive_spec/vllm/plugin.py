@@ -314,6 +314,8 @@ class ServeRuntime:
             self.state_loaded = self._load_state()
             self._refresh_estimates()
             self._write_metrics()
+            self._writer = _Writer(self, config.metrics_interval_s)
+            self._writer.start()
             inner = core.post_step  # AdaptiveSpec's hook; its detach() removes this wrapper too
 
             def post_step(model_executed: bool) -> None:
@@ -321,8 +323,6 @@ class ServeRuntime:
                 self._after_step(model_executed)
 
             core.post_step = post_step
-            self._writer = _Writer(self, config.metrics_interval_s)
-            self._writer.start()
         except BaseException:
             self.spec.detach()
             raise
