@@ -306,7 +306,8 @@ def step_features(trace: Trace) -> StepFeatures:
     """Regressors of every step with a finite positive ``step_time_s``.
 
     Draft passes: the largest ``drafted`` among the step's requests whose arm is a draft model;
-    prefill tokens: the prompt lengths of requests in their first step (``num_output_before == 0``).
+    prefill tokens: the step's ``num_prefill_tokens`` when logged, else the prompt lengths of the
+    requests in their first step (``num_output_before == 0``).
     """
     rows = []
     for s in trace.steps:
@@ -322,6 +323,8 @@ def step_features(trace: Trace) -> StepFeatures:
             if r.get("num_output_before") == 0:
                 meta = trace.requests.get(r["req_id"], {})
                 P += len(meta.get("prompt_token_ids") or [])
+        if isinstance(s.get("num_prefill_tokens"), int):
+            P = s["num_prefill_tokens"]  # logged by the engine (chunked prefill included)
         B = int(s.get("batch_size") or len(s.get("requests", [])))
         V = int(s.get("num_verified_tokens") or 0)
         rows.append((B, V, D, P, float(t)))

@@ -150,7 +150,12 @@ class SmartSpecPolicy(SpecPolicy):
         return Decision(arms, [1.0] * B, [[float(a)] for a in alphas])
 
     def observe(self, outcome: StepOutcome) -> None:
-        self.cost.update(outcome.batch_size, outcome.num_verified_tokens, outcome.step_time_s)
+        self.cost.update(
+            outcome.batch_size,
+            outcome.num_verified_tokens,
+            outcome.step_time_s,
+            prefill_tokens=outcome.num_prefill_tokens,
+        )
         w = self.ema
         for o in outcome.requests:
             full = self._drafts.get(o.req_id) if self.score_unverified else None

@@ -333,7 +333,7 @@ def replay(
         if sigma > 0:
             t_step *= float(np.exp(rng.normal(0.0, sigma) - 0.5 * sigma * sigma))
         t1 = time.perf_counter()
-        policy.observe(StepOutcome(outcomes, t_step, B, verified))
+        policy.observe(StepOutcome(outcomes, t_step, B, verified, prefill))
         finished_ids = [lv.req.req_id for lv in running if lv.n >= len(lv.req)]
         for rid in finished_ids:
             policy.release(rid)
@@ -365,6 +365,7 @@ def replay(
                     "controller_time_s": 0.0,
                     "batch_size": B,
                     "num_verified_tokens": verified,
+                    "num_prefill_tokens": prefill,
                     "queue_len": len(queue),
                     "fault": None,
                     "requests": rows,

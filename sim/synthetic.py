@@ -177,21 +177,34 @@ def make_requests(
         L = spec.length
         toks = rng.integers(10, vocab_size, size=L, dtype=np.int64)
         prompt = rng.integers(10, vocab_size, size=spec.prompt_len, dtype=np.int64)
-        tables: dict[str, list[np.ndarray | None]] = {p: [] for p in props}
-        for n in range(L):
-            reg = spec.regime_at(n)
-            for p in props:
+        bounds = [s for s, _ in spec.segments] + [L]
+        tables: dict[str, list[np.ndarray | None]] = {}
+        for p in props:
+            m = np.full(L, -1, dtype=np.int64)  # -1: offers nothing
+            for (start, reg), end in zip(spec.segments, bounds[1:], strict=True):
                 proc = reg.processes.get(p)
-                m = None if proc is None else proc.sample(rng, max_k)
-                if m is None:
-                    tables[p].append(np.zeros(0, dtype=np.int64))
+                n_seg = max(min(end, L) - start, 0)
+                if proc is None or n_seg == 0:
                     continue
-                m = min(m, L - n)
-                d = rng.integers(10, vocab_size, size=max_k, dtype=np.int64)
-                d[:m] = toks[n : n + m]
-                if m < max_k and n + m < L and d[m] == toks[n + m]:
-                    d[m] = 10 + (d[m] - 9) % (vocab_size - 10)  # any other token
-                tables[p].append(d)
+                offered = rng.random(n_seg) < proc.offer
+                cdf = np.cumsum(proc.pmf(max_k))
+                draw = np.minimum(
+                    np.searchsorted(cdf, rng.random(n_seg) * cdf[-1], side="right"), max_k
+                )
+                m[start : start + n_seg] = np.where(offered, draw, -1)
+            fill = rng.integers(10, vocab_size, size=(L, max_k), dtype=np.int64)
+            table: list[np.ndarray | None] = []
+            for n in range(L):
+                if m[n] < 0:
+                    table.append(np.zeros(0, dtype=np.int64))
+                    continue
+                mm = min(int(m[n]), L - n)
+                d = fill[n]
+                d[:mm] = toks[n : n + mm]
+                if mm < max_k and n + mm < L and d[mm] == toks[n + mm]:
+                    d[mm] = 10 + (d[mm] - 9) % (vocab_size - 10)  # any other token
+                table.append(d)
+            tables[p] = table
         out.append(
             ReplayRequest(
                 req_id=f"s{i}",
@@ -295,20 +308,87 @@ def optimal_rate(
     return G
 
 
+class RegimeOptimum:
+    """The batch-1 optimum of a regime, precomputed: its rate (:func:`optimal_rate`), the value of
+    every arm, and per step the best arm and the regret of any arm.
+
+    Parameters
+    ----------
+    regime : Regime
+    profile : CostProfile
+    max_k : int
+    proposers : sequence of str
+    """
+
+    def __init__(
+        self, regime: Regime, profile: CostProfile, max_k: int, proposers: Sequence[str]
+    ) -> None:
+        self.regime = regime
+        self.max_k = max_k
+        self.proposers = [p for p in proposers if p != "none" and p in regime.processes]
+        self.rate = optimal_rate(regime, profile, max_k, proposers)
+        self._value = {NO_SPEC: _arm_value(regime, NO_SPEC, profile, max_k)}
+        for p in self.proposers:
+            for k in range(1, max_k + 1):
+                self._value[Arm(p, k)] = _arm_value(regime, Arm(p, k), profile, max_k)
+
+    def _score(self, arm: Arm) -> float:
+        tok, t = self._value[arm]
+        return tok - self.rate * t
+
+    def _cut(self, arm: Arm, offered: set[str] | frozenset[str], cap: int) -> Arm:
+        if arm.k and (arm.proposer not in offered or arm.proposer not in self.proposers):
+            return NO_SPEC
+        if arm.k > cap:
+            return NO_SPEC if cap == 0 else Arm(arm.proposer, cap)
+        return arm
+
+    def best_arm(self, offered: set[str] | frozenset[str], remaining: int | None = None) -> Arm:
+        """The optimal policy's arm when ``offered`` proposers offer a draft (k cut to
+        ``remaining - 1``)."""
+        cap = self.max_k if remaining is None else max(0, min(self.max_k, remaining - 1))
+        opts = [NO_SPEC] + [
+            Arm(p, k) for p in self.proposers if p in offered for k in range(1, cap + 1)
+        ]
+        return max(opts, key=self._score)
+
+    def regret(
+        self, offered: set[str] | frozenset[str], arm: Arm, remaining: int | None = None
+    ) -> float:
+        """Expected tokens lost by one step playing ``arm`` (see :func:`pseudo_regret`)."""
+        cap = self.max_k if remaining is None else max(0, min(self.max_k, remaining - 1))
+        best = self.best_arm(offered, remaining)
+        return max(self._score(best) - self._score(self._cut(arm, offered, cap)), 0.0)
+
+
 def pseudo_regret(
-    regime: Regime, offered: set[str], arm: Arm, rate: float, profile: CostProfile, max_k: int
+    regime: Regime,
+    offered: set[str],
+    arm: Arm,
+    rate: float,
+    profile: CostProfile,
+    max_k: int,
+    remaining: int | None = None,
 ) -> float:
     """Expected tokens lost by one batch-1 step playing ``arm`` when ``offered`` proposers offer a
     draft, against the optimal policy of goodput ``rate``: ``max_a (E tok(a) - rate t(a)) - (E tok(arm)
-    - rate t(arm))`` (>= 0; its sum over steps is the regret in tokens)."""
+    - rate t(arm))`` (>= 0; its sum over steps is the regret in tokens).
+
+    ``remaining``: tokens the request still has to emit; arms are then cut to ``k <= remaining - 1``
+    (as the engine's budget cap does), so the end of a request is not counted as a loss. For many
+    steps, :class:`RegimeOptimum` precomputes the same quantities.
+    """
+    cap = max_k if remaining is None else max(0, min(max_k, remaining - 1))
     opts = [NO_SPEC] + [
-        Arm(p, k) for p in sorted(offered) if p in regime.processes for k in range(1, max_k + 1)
+        Arm(p, k) for p in sorted(offered) if p in regime.processes for k in range(1, cap + 1)
     ]
     best = max(v[0] - rate * v[1] for v in (_arm_value(regime, a, profile, max_k) for a in opts))
-    if arm.k and arm.proposer not in offered:
+    if arm.k and (arm.proposer not in offered or arm.proposer not in regime.processes):
         arm = NO_SPEC
+    if arm.k > cap:
+        arm = NO_SPEC if cap == 0 else Arm(arm.proposer, cap)
     tok, t = _arm_value(regime, arm, profile, max_k)
-    return best - (tok - rate * t)
+    return max(best - (tok - rate * t), 0.0)
 
 
 # -- named workloads ----------------------------------------------------------------------------

@@ -1,0 +1,228 @@
+"""Replay: reproduction of a recorded run, simulator invariants, the oracle and its bound, the CLI."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from adaptive_spec.sim.cost_profiles import PRESETS, LinearCostProfile, fit_linear_profile
+from adaptive_spec.sim.oracle import OraclePolicy, PerRequestStaticPolicy, oracle_bound
+from adaptive_spec.sim.peers import BanditSpecPolicy, SmartSpecPolicy
+from adaptive_spec.sim.replay import replay
+from adaptive_spec.sim.requests import ReplayRequest
+from adaptive_spec.sim.strategies import cost_profiles, workloads
+from adaptive_spec.sim.synthetic import (
+    CHAT,
+    CODE,
+    make_requests,
+    named_workload,
+    record_trace,
+    shift_across_requests,
+    stationary,
+)
+from adaptive_spec.sim.trace_io import load_replay_trace
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from adaptive_spec.arms import Arm, arm_space
+from adaptive_spec.baselines import StaticPolicy
+from adaptive_spec.cli import main as cli_main
+from adaptive_spec.controller import Decision, SpecPolicy, StepView
+from adaptive_spec.policies import make_policy
+from adaptive_spec.trace import read_trace
+
+PROPS = ["ngram", "jacobi"]
+
+
+@pytest.fixture(scope="module")
+def static_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
+    """A synthetic trace recorded by static ngram:4 at batch 4, step times from cpu-smollm2 with 3 %
+    log-normal noise."""
+    reqs = make_requests(shift_across_requests([CODE, CHAT], 6, 80), 8, seed=11)
+    pol = StaticPolicy(PROPS, 8, Arm("ngram", 4))
+    path = tmp_path_factory.mktemp("static") / "trace.jsonl"
+    _, res = record_trace(
+        path, reqs, pol, PRESETS["cpu-smollm2"], max_batch=4, step_time_noise=0.03, seed=5
+    )
+    return path, res.goodput
+
+
+def test_replaying_the_recording_static_policy_reproduces_goodput(
+    static_trace: tuple[Path, float],
+) -> None:
+    path, recorded = static_trace
+    wl = load_replay_trace(path)
+    assert wl.recorded_goodput == pytest.approx(recorded)
+    prof = fit_linear_profile(wl.trace)  # fitted to the noisy measured step times
+    res = replay(wl.requests, StaticPolicy(PROPS, 8, Arm("ngram", 4)), prof, max_batch=wl.max_batch)
+    assert abs(res.goodput / wl.recorded_goodput - 1) < 0.05
+    # Step by step, the replay makes the recorded decisions with the recorded outcomes.
+    rec_rows = [
+        (r["req_id"], r["arm"], r["drafted"], r["accepted"], r["emitted"])
+        for s in wl.trace.steps
+        for r in s["requests"]
+    ]
+    assert res.request_steps == len(rec_rows) and res.steps == len(wl.trace.steps)
+    assert res.drafted == sum(r[2] for r in rec_rows) and res.accepted == sum(
+        r[3] for r in rec_rows
+    )
+    decode_rows = [r for s in wl.trace.steps for r in s["requests"] if r["num_output_before"] > 0]
+    assert res.arm_counts == Counter(r["arm"] for r in decode_rows)
+
+
+def test_replay_invariants_and_policy_errors() -> None:
+    reqs = make_requests(stationary(CODE, 5, 40), 4, seed=2)
+    prof = PRESETS["cpu-smollm2"]
+    none = replay(reqs, make_policy("none", PROPS, 4), prof, max_batch=2)
+    assert none.tokens == sum(len(r) for r in reqs) and none.drafted == 0
+    assert none.request_steps == none.tokens and none.mean_accepted_length == 1.0
+    assert none.steps == 3 * 40  # 5 requests of 40 tokens, 2 at a time: 2 + 2 + 1
+    spec = replay(reqs, make_policy("static:ngram:4", PROPS, 4), prof, max_batch=2)
+    assert spec.tokens == none.tokens and spec.mean_accepted_length > 1.0
+    assert spec.accepted <= spec.drafted
+    assert spec.tokens == int(spec.step_tokens.sum()) and spec.time_s == pytest.approx(
+        spec.step_time_s.sum()
+    )
+
+    class Wrong(SpecPolicy):
+        def decide(self, view: StepView) -> Decision:
+            return Decision([], [], [])
+
+    with pytest.raises(ValueError, match="returned 0 arms"):
+        replay(reqs, Wrong(PROPS, 4), prof, max_batch=2)
+
+    class Foreign(SpecPolicy):
+        def decide(self, view: StepView) -> Decision:
+            return Decision(
+                [Arm("draft", 2)] * len(view.requests),
+                [None] * len(view.requests),
+                [[]] * len(view.requests),
+            )
+
+    with pytest.raises(ValueError, match="not offered"):
+        replay(reqs, Foreign(PROPS, 4), prof, max_batch=2)
+    with pytest.raises(ValueError, match="max_batch"):
+        replay(reqs, Wrong(PROPS, 4), prof, max_batch=0)
+    with pytest.raises(ValueError, match="appears twice"):
+        replay([reqs[0], reqs[0]], Wrong(PROPS, 4), prof, max_batch=1)
+
+
+def test_arrivals_idle_time_not_charged() -> None:
+    reqs = make_requests(stationary(CODE, 2, 10), 4, seed=0)
+    late = [
+        ReplayRequest(
+            r.req_id,
+            r.prompt_token_ids,
+            r.output_token_ids,
+            r.max_tokens,
+            arrival_s=100.0 * i,
+            drafts=r.drafts,
+        )
+        for i, r in enumerate(reqs)
+    ]
+    prof = LinearCostProfile(0.01)
+    a = replay(late, make_policy("none", PROPS, 4), prof, max_batch=4)
+    assert a.time_s == pytest.approx(0.01 * 20)  # served one after the other; idle gap excluded
+    assert a.steps == 20
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(wl=workloads(), prof=cost_profiles(), max_batch=st.integers(1, 4), data=st.data())
+def test_oracle_bound_dominates_every_policy(wl, prof, max_batch: int, data: st.DataObject) -> None:
+    reqs, k = wl
+    props = sorted({p for r in reqs for p in r.drafts})
+    bound = oracle_bound(reqs, prof, max_batch=max_batch, proposers=props, max_k=k)
+    arms = arm_space(props, k)
+    names = [data.draw(st.sampled_from(arms)) for _ in range(2)]
+    policies: list[SpecPolicy] = [StaticPolicy(props, k, a) for a in names]
+    policies += [
+        OraclePolicy(props, k, requests=reqs, profile=prof, max_batch=max_batch),
+        PerRequestStaticPolicy(props, k, requests=reqs, profile=prof, max_batch=max_batch),
+        make_policy("adaptive", props, k, seed=data.draw(st.integers(0, 99))),
+        SmartSpecPolicy(props, k),
+        BanditSpecPolicy(props, k),
+    ]
+    for pol in policies:
+        g = replay(reqs, pol, prof, max_batch=max_batch).goodput
+        assert g <= bound.goodput * (1 + 1e-9), pol.name
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(wl=workloads(), prof=cost_profiles(), data=st.data())
+def test_oracle_policy_is_optimal_at_concurrency_one(wl, prof, data: st.DataObject) -> None:
+    """At batch size 1 the oracle's shortest path is exact: it attains the bound and beats every
+    static arm and the learning policies."""
+    reqs, k = wl
+    props = sorted({p for r in reqs for p in r.drafts})
+    orc = replay(
+        reqs, OraclePolicy(props, k, requests=reqs, profile=prof, max_batch=1), prof, max_batch=1
+    )
+    bound = oracle_bound(reqs, prof, max_batch=1, proposers=props, max_k=k)
+    assert orc.goodput == pytest.approx(bound.goodput, rel=1e-9)
+    others = [StaticPolicy(props, k, a) for a in arm_space(props, k)]
+    others.append(make_policy("adaptive", props, k, seed=data.draw(st.integers(0, 99))))
+    for pol in others:
+        assert replay(reqs, pol, prof, max_batch=1).goodput <= orc.goodput * (1 + 1e-9), pol.name
+
+
+def test_oracle_beats_adaptive_and_static_on_named_workloads() -> None:
+    prof = PRESETS["cpu-smollm2"]
+    for name in ("code-chat", "retrieval-creative", "adversarial", "load-ramp", "load-spike"):
+        reqs = make_requests(named_workload(name).specs, 8, seed=0)
+        orc = replay(
+            reqs,
+            OraclePolicy(PROPS, 8, requests=reqs, profile=prof, max_batch=4),
+            prof,
+            max_batch=4,
+        )
+        bound = oracle_bound(reqs, prof, max_batch=4, proposers=PROPS, max_k=8)
+        for pol in (
+            make_policy("adaptive", PROPS, 8),
+            StaticPolicy(PROPS, 8, Arm("ngram", 4)),
+            StaticPolicy(PROPS, 8, Arm("jacobi", 3)),
+        ):
+            g = replay(reqs, pol, prof, max_batch=4).goodput
+            assert g <= orc.goodput <= bound.goodput * (1 + 1e-9), (name, pol.name)
+
+
+def test_cli_record_and_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "syn.jsonl"
+    assert (
+        cli_main(["record", "--synthetic", "code-chat", "--out", str(trace), "--max-k", "4"]) == 0
+    )
+    assert read_trace(trace).header["policy"] == "static:ngram:4"
+    out = tmp_path / "replay"
+    rc = cli_main(
+        [
+            "replay",
+            str(trace),
+            "--policies",
+            "adaptive,static:ngram:4,oracle,banditspec:ngram",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    text = capsys.readouterr().out
+    for word in (
+        "adaptive",
+        "static:ngram:4",
+        "oracle",
+        "banditspec:ngram",
+        "best static",
+        "oracle bound",
+        "recorded run",
+    ):
+        assert word in text
+    for f in (
+        "regret.png",
+        "arms_adaptive.png",
+        "arms_oracle.png",
+        "goodput_by_category.png",
+        "summary.json",
+    ):
+        assert (out / f).stat().st_size > 0
+    assert cli_main(["replay", str(tmp_path / "missing.jsonl")]) == 2
+    assert cli_main(["replay", str(trace), "--policies", "bogus", "--out", str(out)]) == 2
+    assert "not known" in capsys.readouterr().out
