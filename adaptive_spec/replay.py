@@ -243,9 +243,7 @@ def main(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else path.parent / "replay"
     out.mkdir(parents=True, exist_ok=True)
-    plots = [
-        plot_regret(cmp.results, cmp.comparators["oracle"], out / "regret.png", comparator="oracle")
-    ]
+    plots = [plot_regret(cmp.results, cmp.oracle, out / "regret.png", comparator="oracle")]
     for n, res in cmp.results.items():
         plots.append(plot_arms(res, out / f"arms_{_safe(n)}.png"))
     plots.append(plot_goodput_by_category(cmp.results, out / "goodput_by_category.png"))

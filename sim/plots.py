@@ -14,22 +14,25 @@ from .replay import ReplayResult
 
 def plot_regret(
     results: dict[str, ReplayResult],
-    comparator_goodput: float,
+    comparator_run: ReplayResult | float,
     path: str | Path,
     *,
     comparator: str,
 ) -> Path:
-    """Cumulative regret in tokens over simulated steps, one line per policy. Returns the path."""
+    """Cumulative regret in tokens over simulated steps, one line per policy, against a comparator's
+    replay (its trajectory) or goodput (:func:`~adaptive_spec.sim.regret.regret_curve`). Returns the
+    path."""
     plt = _plt()
     path = Path(path)
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for name, res in results.items():
         if res.steps:
-            ax.plot(np.arange(1, res.steps + 1), regret_curve(res, comparator_goodput), label=name)
+            ax.plot(np.arange(1, res.steps + 1), regret_curve(res, comparator_run), label=name)
     ax.axhline(0, color="gray", linewidth=0.8)
     ax.set_xlabel("simulated engine step")
     ax.set_ylabel(f"cumulative regret vs {comparator} (tokens)")
-    ax.set_title(f"Regret against the {comparator} ({comparator_goodput:.1f} tokens/s)")
+    g = comparator_run.goodput if isinstance(comparator_run, ReplayResult) else comparator_run
+    ax.set_title(f"Regret against the {comparator} ({g:.1f} tokens/s)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -41,6 +41,19 @@ def regret(result: ReplayResult, comparator: str, comparator_goodput: float) -> 
     return Regret(comparator, comparator_goodput, tokens, 1.0 - result.goodput / comparator_goodput)
 
 
-def regret_curve(result: ReplayResult, comparator_goodput: float) -> np.ndarray:
-    """Cumulative regret in tokens after each step (float64 [steps])."""
-    return comparator_goodput * np.cumsum(result.step_time_s) - np.cumsum(result.step_tokens)
+def regret_curve(result: ReplayResult, comparator: float | ReplayResult) -> np.ndarray:
+    """Cumulative regret in tokens after each step (float64 [steps]).
+
+    With a goodput ``G_c`` (float): ``G_c * T(s) - N(s)``. With the comparator's own replay (e.g. the
+    oracle's), against its trajectory: ``G_c * (T(s) - T_c(N(s)))``, where ``T_c(N)`` is the time the
+    comparator took to commit ``N`` tokens (interpolated between its steps); the comparator's own curve
+    is then 0, and every curve ends at the same value as with the rate.
+    """
+    T = np.cumsum(result.step_time_s)
+    N = np.cumsum(result.step_tokens)
+    if isinstance(comparator, ReplayResult):
+        g = comparator.goodput
+        Tc = np.concatenate([[0.0], np.cumsum(comparator.step_time_s)])
+        Nc = np.concatenate([[0.0], np.cumsum(comparator.step_tokens).astype(float)])
+        return g * (T - np.interp(N, Nc, Tc))
+    return float(comparator) * T - N

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from adaptive_spec.sim.cost_profiles import PRESETS, LinearCostProfile, fit_linear_profile
 from adaptive_spec.sim.oracle import OraclePolicy, PerRequestStaticPolicy, oracle_bound
@@ -226,3 +227,21 @@ def test_cli_record_and_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert cli_main(["replay", str(tmp_path / "missing.jsonl")]) == 2
     assert cli_main(["replay", str(trace), "--policies", "bogus", "--out", str(out)]) == 2
     assert "not known" in capsys.readouterr().out
+
+
+def test_regret_curves_end_at_the_final_regret() -> None:
+    from adaptive_spec.sim.regret import regret, regret_curve
+
+    reqs = make_requests(named_workload("code-chat").specs, 4, seed=0)
+    prof = PRESETS["cpu-smollm2"]
+    orc = replay(
+        reqs, OraclePolicy(PROPS, 4, requests=reqs, profile=prof, max_batch=2), prof, max_batch=2
+    )
+    pol = replay(reqs, StaticPolicy(PROPS, 4, Arm("ngram", 4)), prof, max_batch=2)
+    final = regret(pol, "oracle", orc.goodput)
+    assert final.tokens > 0 and 0 < final.gap < 1
+    for curve in (regret_curve(pol, orc), regret_curve(pol, orc.goodput)):
+        assert curve.shape == (pol.steps,) and curve[-1] == pytest.approx(final.tokens)
+    np.testing.assert_allclose(regret_curve(orc, orc), 0.0, atol=1e-9)
+    with pytest.raises(ValueError, match="comparator_goodput"):
+        regret(pol, "x", 0.0)
