@@ -35,29 +35,24 @@ def ngram_match_np(
     """
     h = tokens[-window:] if tokens.shape[0] > window else tokens
     lw = h.shape[0]
-    if lw < 2:
+    if lw < 2 or max_n < 1:
         return EMPTY, 0
-    cand = np.flatnonzero(h[:-1] == h[-1])
-    if cand.size == 0 or max_n < 1:
+    # end positions e whose match length reaches j + 1, for growing j (survivors shrink)
+    alive = np.flatnonzero(h[:-1] == h[-1])
+    if alive.size == 0:
         return EMPTY, 0
-    mlen = np.ones(cand.size, dtype=np.int64)
-    alive = np.ones(cand.size, dtype=bool)
-    for j in range(1, max_n):
-        if lw - 1 - j < 0:
+    best = 1
+    for j in range(1, min(max_n, lw)):
+        c = alive[alive >= j]
+        nxt = c[h[c - j] == h[lw - 1 - j]]
+        if nxt.size == 0:
             break
-        ok = alive & (cand >= j)
-        idx = np.flatnonzero(ok)
-        ok[idx] = h[cand[idx] - j] == h[lw - 1 - j]
-        if not ok.any():
-            break
-        mlen += ok
-        alive = ok
-    best = int(mlen.max())
+        alive, best = nxt, j + 1
     if best < min_n:
         return EMPTY, 0
     if k <= 0:
         return EMPTY, best
-    e_star = int(cand[mlen >= best].max())
+    e_star = int(alive[-1])
     period = lw - 1 - e_star
     t = np.arange(k)
     return h[e_star + 1 + t % period].astype(np.int64, copy=False), best

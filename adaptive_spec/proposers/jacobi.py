@@ -34,7 +34,7 @@ INITS = ("repeat", "none")
 class _State:
     pool: np.ndarray  # int64 [C, N], -1 = empty
     ptr: int = 0
-    synced_len: int = -1  # len(token_ids) at the last update
+    sync_key: tuple = ()  # what the last update was computed from
     iterate: np.ndarray = field(default_factory=lambda: EMPTY)
     iterate_start: int = -1  # absolute position of iterate[0]
     trajectory: deque = field(
@@ -45,7 +45,7 @@ class _State:
 class JacobiProposer(Proposer):
     """Jacobi iterate completed by a lookahead n-gram pool (Santilli et al. 2023; Fu et al. 2024).
 
-    Per request and step (state is updated once per committed length, from the request's
+    Per request and step (state is updated once per step, from the request's
     ``last_draft`` / ``last_target_argmax`` / ``last_accepted``):
 
     1. **Iterate.** The Jacobi step of :func:`adaptive_spec.kernels.jacobi_step` on the previous
@@ -58,8 +58,12 @@ class JacobiProposer(Proposer):
     3. **Pool candidate.** Chained lookups keyed on the last committed token: the continuation of
        the newest n-gram starting with it, then keyed on that continuation's last token, and so
        on, up to k tokens.
-    4. **Choice.** The iterate, replaced by the pool candidate when that is strictly longer, then
-       completed to k tokens by chained pool lookups keyed on its last token.
+    4. **Choice.** The pool candidate when there is one, else the iterate; then completed to k
+       tokens by chained pool lookups keyed on its last token. The pool candidate is the better
+       one: it starts from the target's own last token, while every token of the iterate was
+       predicted after the *rejected* draft token (this is also why lookahead decoding verifies
+       pool n-grams rather than the iterate). The iterate is Jacobi's fallback when the pool has
+       nothing for that token.
     5. **Initial guess** (no iterate, no pool hit, e.g. the first step or after a k = 0 step):
        with ``init="repeat"`` the last committed token repeated k times. Its verification costs
        one step of k extra positions but yields the target's predictions, i.e. the first
@@ -139,17 +143,18 @@ class JacobiProposer(Proposer):
         return st
 
     def _sync(self, request: ProposalRequest, toks: np.ndarray) -> _State:
-        """Apply the previous step's verification to the request's state (once per length)."""
+        """Apply the previous step's verification to the request's state (once per step)."""
         st = self._state(str(request.req_id))
         n = toks.shape[0]
-        if st.synced_len == n:
-            return st
-        st.synced_len = n
-        st.iterate, st.iterate_start = EMPTY, -1
         z = as_tokens(request.last_target_argmax)
+        y = as_tokens(request.last_draft)
+        key = (n, int(toks[-1]) if n else -1, z.tobytes(), y.tobytes(), request.last_accepted)
+        if st.sync_key == key:
+            return st
+        st.sync_key = key
+        st.iterate, st.iterate_start = EMPTY, -1
         if z.shape[0] == 0:
             return st
-        y = as_tokens(request.last_draft)
         k_prev = min(y.shape[0], z.shape[0] - 1)
         y, z = y[:k_prev], z[: k_prev + 1]
         a, nxt = jacobi_next_np(y, z, max(0, as_int(request.last_accepted)))
@@ -195,11 +200,9 @@ class JacobiProposer(Proposer):
     def _candidate(self, st: _State, toks: np.ndarray, cap: int) -> np.ndarray:
         if cap <= 0 or toks.shape[0] == 0:
             return EMPTY
-        it = st.iterate[:cap] if st.iterate_start == toks.shape[0] else EMPTY
-        from_pool = self._chain(st, int(toks[-1]), cap)
-        base = [int(t) for t in it]
-        if len(from_pool) > len(base):
-            base = from_pool
+        base = self._chain(st, int(toks[-1]), cap)
+        if not base and st.iterate_start == toks.shape[0]:
+            base = [int(t) for t in st.iterate[:cap]]
         if base and len(base) < cap:
             base += self._chain(st, base[-1], cap - len(base))
         return np.asarray(base, dtype=np.int64) if base else EMPTY

@@ -1,0 +1,42 @@
+"""NgramProposer: prompt lookup on the request's tokens, cut to budget and vocabulary."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from adaptive_spec.proposers import NgramProposer, ProposalRequest
+
+
+def test_drafts_the_continuation_of_the_longest_match() -> None:
+    toks = np.array([1, 2, 3, 4, 9, 2, 3, 4, 8, 7, 2, 3, 4], dtype=np.int64)
+    p = NgramProposer(min_n=2, max_n=3, max_k=3)
+    r = ProposalRequest("a", toks, 100, 10)
+    # "2 3 4" occurs twice before the suffix: the most recent occurrence (followed by 8) wins
+    assert p.propose([r], [3])[0].tolist() == [8, 7, 2]
+    assert p.match_length(r) == 3
+    assert p.propose([r], [1])[0].tolist() == [8]
+
+
+def test_no_match_gives_an_empty_draft() -> None:
+    r = ProposalRequest("a", np.arange(100, dtype=np.int64), 100, 200)
+    p = NgramProposer()
+    assert p.propose([r], [8])[0].tolist() == [] and p.match_length(r) == 0
+
+
+def test_out_of_vocabulary_ids_cut_the_draft() -> None:
+    toks = np.array([5, 6, 7, 99, 3, 5, 6], dtype=np.int64)
+    r = ProposalRequest("a", toks, 100, 50)
+    assert NgramProposer(max_k=4).propose([r], [4])[0].tolist() == [7]
+
+
+def test_k_above_max_k_is_cut() -> None:
+    toks = np.tile(np.array([1, 2, 3], dtype=np.int64), 10)
+    r = ProposalRequest("a", toks, 100, 10)
+    assert len(NgramProposer(max_k=4).propose([r], [20])[0]) == 4
+
+
+def test_window_bounds_the_search() -> None:
+    toks = np.concatenate([[4, 5, 6], np.arange(10, 60), [4, 5]]).astype(np.int64)
+    r = ProposalRequest("a", toks, 100, 100)
+    assert NgramProposer(window=64).propose([r], [1])[0].tolist() == [6]
+    assert NgramProposer(window=32).propose([r], [1])[0].tolist() == []
