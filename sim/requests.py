@@ -59,7 +59,8 @@ class ReplayRequest:
         Per proposer, the draft offered at each output position (length L; None = unknown there).
     match_features : dict of str to numpy.ndarray of int64, shape [L]
         Per proposer, the controller's ``match_length`` feature at each position (the n-gram suffix
-        length); absent: the draft's length for logged Jacobi drafts, 0 otherwise.
+        length); absent: for logged Jacobi drafts the draft's length (0 for the initial guess, the last
+        committed token repeated), 0 otherwise.
 
     Raises
     ------
@@ -146,7 +147,12 @@ class ReplayRequest:
         if f is not None and n < len(f):
             return int(f[n])
         d = self.draft(proposer, n)
-        return len(d) if d is not None and proposer == "jacobi" else 0
+        if d is None or proposer != "jacobi" or d.size == 0:
+            return 0
+        # JacobiProposer.match_length counts its candidate but not the initial guess (the last
+        # committed token repeated).
+        last = self.output_token_ids[n - 1] if n > 0 else None
+        return 0 if last is not None and bool((d == last).all()) else int(d.size)
 
     def coverage(self, proposer: str) -> float:
         """Share of decision positions ``1..L-1`` where ``proposer``'s draft is known."""

@@ -207,3 +207,27 @@ def test_acceptance_probs_rejection_sampling_rule() -> None:
     )
     with pytest.raises(ValueError):
         acceptance_probs(np.array([0.2]), np.array([0.0]))
+
+
+def test_record_cli_stores_rerun_drafts(tmp_path: Path) -> None:
+    from adaptive_spec.sim.counterfactual import read_counterfactuals
+    from adaptive_spec.sim.trace_io import load_replay_trace
+
+    from adaptive_spec.cli import main as cli_main
+
+    rng = np.random.default_rng(4)
+    prompt = rng.integers(3, 30, size=24)
+    out = np.concatenate([prompt[2:18], rng.integers(3, 30, size=10), prompt[5:20]])
+    src = tmp_path / "t.jsonl"
+    _write_trace(src, prompt, out, 4)
+    dst = tmp_path / "t_cf.jsonl"
+    assert cli_main(["record", str(src), "--out", str(dst)]) == 0
+    cf = read_counterfactuals(dst)
+    assert cf.sources == {"ngram": "rerun"} and len(cf.tables["r"]["ngram"]) == len(out)
+    wl = load_replay_trace(dst)
+    assert wl.ngram_check["compared"] > 5
+    assert wl.ngram_check["equal"] == wl.ngram_check["compared"]
+    assert wl.coverage["ngram"] == 1.0 and wl.requests[0].match_features["ngram"].shape == (
+        len(out),
+    )
+    assert cli_main(["record"]) == 2
