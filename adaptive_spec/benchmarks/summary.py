@@ -1,0 +1,257 @@
+"""From runs to figures: medians, paired ratios, the best static arm, and the goals of issue #7.
+
+Ratios (the machine drifts between repeats, NOTES.md, so ratios are paired where they can be):
+
+* ``ratio_to_none`` of a configuration in the main engine is the median over repeats of its goodput
+  divided by the same repeat's no-speculation goodput (``paired``);
+* vLLM's dynamic table runs in its own engine, which also runs speculation off: its ratio is paired with
+  that engine's own no-speculation runs (``paired-own-engine``);
+* the draft engine's no-speculation run still drafts every step (AdaptiveSpec only discards the drafts),
+  so its configurations are divided by the main engine's median no-speculation goodput (``unpaired``);
+  ``ratio_to_own_none`` is kept as well;
+* HF greedy is unpaired against vLLM's no speculation; HF prompt lookup is paired with HF greedy and
+  multiplied by that (``paired-to-hf-greedy``);
+* a ratio between two configurations is the quotient of their ``ratio_to_none``;
+  ``ratio_to_best_static`` divides by the static arm with the highest ``ratio_to_none`` among valid ones.
+
+A greedy run is **invalid** when :func:`adaptive_spec.identity.compare_greedy` finds a violation (a
+divergence from the no-speculation reference with a clear top-2 margin); a configuration is valid when all
+its runs are.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from adaptive_spec.benchmarks.plan import MT_BENCH, parse_config
+from adaptive_spec.workloads import CATEGORIES
+
+GOAL_THRESHOLDS = {
+    "1a": 1.15,
+    "1b": 1.15,
+    "1c": 1.05,
+    "1d": 1.05,
+    "2": 0.95,
+    "3": 0.97,
+    "4": 0.03,
+}
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return float(statistics.median(xs)) if xs else None
+
+
+def _by_repeat(runs: list[dict[str, Any]]) -> dict[int, float]:
+    return {r["repeat"]: r["goodput_tok_s"] for r in runs}
+
+
+def _paired(runs: list[dict[str, Any]], base: list[dict[str, Any]]) -> float | None:
+    b = _by_repeat(base)
+    return _median([r["goodput_tok_s"] / b[r["repeat"]] for r in runs if b.get(r["repeat"])])
+
+
+def summarize_config(
+    name: str, entry: dict[str, Any], cell: dict[str, Any], none_median: float | None
+) -> dict[str, Any]:
+    """Medians, ratio to no speculation, pooled mean accepted length, controller overhead and greedy
+    identity of one configuration in one cell (``entry`` holds its ``runs`` and ``engine``)."""
+    runs = entry.get("runs", [])
+    info = parse_config(name)
+    out: dict[str, Any] = {
+        "kind": info.kind,
+        "engine": entry.get("engine", info.engine),
+        "greedy": cell["temperature"] == 0,
+        "repeats": len(runs),
+        "goodput_tok_s": _median([r["goodput_tok_s"] for r in runs]),
+        "goodput_runs": [round(r["goodput_tok_s"], 3) for r in runs],
+        "ratio_to_none": None,
+        "ratio_method": None,
+    }
+    if "error" in entry:
+        out["error"] = entry["error"]
+    if not runs:
+        out["valid"] = False
+        return out
+    main_none = cell["configs"].get("none", {}).get("runs", [])
+    engine = out["engine"]
+    if name == "none":
+        out["ratio_to_none"], out["ratio_method"] = 1.0, "paired"
+    elif engine == "main":
+        out["ratio_to_none"], out["ratio_method"] = _paired(runs, main_none), "paired"
+    elif engine == "dynamic":
+        own = cell.get("baselines", {}).get("dynamic", {}).get("runs", [])
+        out["ratio_to_none"], out["ratio_method"] = _paired(runs, own), "paired-own-engine"
+    elif engine == "draft":
+        own = cell.get("baselines", {}).get("draft", {}).get("runs", [])
+        out["ratio_to_own_none"] = _paired(runs, own)
+        if none_median:
+            out["ratio_to_none"] = out["goodput_tok_s"] / none_median
+        out["ratio_method"] = "unpaired"
+    elif engine == "hf":
+        greedy = cell["configs"].get("hf-greedy", {}).get("runs", [])
+        g_med = _median([r["goodput_tok_s"] for r in greedy])
+        g_ratio = g_med / none_median if none_median and g_med else None
+        if name == "hf-greedy":
+            out["ratio_to_none"], out["ratio_method"] = g_ratio, "unpaired"
+        else:
+            to_greedy = _paired(runs, greedy)
+            out["ratio_to_hf_greedy"] = to_greedy
+            out["ratio_to_none"] = to_greedy * g_ratio if to_greedy and g_ratio else None
+            out["ratio_method"] = "paired-to-hf-greedy"
+    steps = sum(r.get("totals", {}).get("request_steps", 0) for r in runs)
+    emitted = sum(r.get("totals", {}).get("emitted", 0) for r in runs)
+    drafted = sum(r.get("totals", {}).get("drafted", 0) for r in runs)
+    accepted = sum(r.get("totals", {}).get("accepted", 0) for r in runs)
+    out["mean_accepted_length"] = emitted / steps if steps else None
+    out["acceptance_rate"] = accepted / drafted if drafted else None
+    out["controller_overhead"] = _median([r.get("controller_overhead") for r in runs])
+    idents = [r["identity"] for r in runs if "identity" in r]
+    if idents:
+        out["identity"] = {
+            k: sum(i[k] for i in idents) for k in ("total", "identical", "near_tie", "violations")
+        }
+    out["valid"] = all(r.get("valid", True) for r in runs) and "error" not in entry
+    return out
+
+
+def summarize_cell(cell: dict[str, Any]) -> dict[str, Any]:
+    """Add ``summary`` (per configuration), ``best_static`` and ``ratio_to_best_static`` to a merged
+    cell and return it."""
+    none_runs = cell["configs"].get("none", {}).get("runs", [])
+    none_median = _median([r["goodput_tok_s"] for r in none_runs])
+    summary = {
+        name: summarize_config(name, entry, cell, none_median)
+        for name, entry in cell["configs"].items()
+    }
+    statics = {
+        n: s
+        for n, s in summary.items()
+        if s["kind"] == "static" and s["valid"] and s["ratio_to_none"] is not None
+    }
+    best = max(statics, key=lambda n: statics[n]["ratio_to_none"]) if statics else None
+    cell["best_static"] = best
+    for s in summary.values():
+        s["ratio_to_best_static"] = (
+            s["ratio_to_none"] / statics[best]["ratio_to_none"]
+            if best is not None and s["ratio_to_none"] is not None
+            else None
+        )
+    cell["summary"] = summary
+    return cell
+
+
+def _find(cells: list[dict[str, Any]], label: str, c: int, t: float) -> dict[str, Any] | None:
+    for cell in cells:
+        if cell["label"] == label and cell["concurrency"] == c and cell["temperature"] == t:
+            return cell
+    return None
+
+
+def _vs(cell: dict[str, Any] | None, a: str, b: str) -> tuple[float | None, str | None]:
+    """Ratio of configuration a to b in a cell, and why it is missing (None when present)."""
+    if cell is None:
+        return None, "cell not run"
+    s = cell["summary"]
+    for n in (a, b):
+        if n not in s or s[n]["ratio_to_none"] is None:
+            return None, f"{n} not run"
+        if not s[n]["valid"]:
+            return None, f"{n} invalid"
+    return s[a]["ratio_to_none"] / s[b]["ratio_to_none"], None
+
+
+def _goal(gid: str, description: str, cell_id: str | None, measured, missing, *, at_most=False):
+    thr = GOAL_THRESHOLDS[gid.split(":")[0]]
+    met = None if measured is None else (measured <= thr if at_most else measured >= thr)
+    g = {
+        "id": gid,
+        "description": description,
+        "cell": cell_id,
+        "measured": measured,
+        "threshold": thr,
+        "comparison": "<=" if at_most else ">=",
+        "met": met,
+    }
+    if missing:
+        g["note"] = missing
+    return g
+
+
+def compute_goals(cells: list[dict[str, Any]], adaptive: str = "adaptive") -> list[dict[str, Any]]:
+    """The four goals of issue #7, each with its measured ratio, threshold and met/unmet (``met`` is
+    None when a cell or configuration it needs was not run or is invalid).
+
+    1. mixed, concurrency 4, greedy: adaptive >= 1.15x the best static arm (1a) and the tuned vLLM
+       table (1b); >= 1.05x SmartSpec-style (1c) and BanditSpec-style (1d);
+    2. each category alone (concurrency 4, greedy): adaptive >= 0.95x its best static arm;
+    3. mixed, concurrency 16, temperature 1.0: adaptive >= 0.97x no speculation;
+    4. controller overhead <= 3 % of engine step time at concurrency 16 (the largest median over the
+       concurrency-16 cells).
+
+    ``adaptive`` names the configuration judged (the cold-start controller by default).
+    """
+    goals = []
+    g1 = _find(cells, "mixed", 4, 0.0)
+    cid = g1["id"] if g1 else None
+    best = g1.get("best_static") if g1 else None
+    if g1 is not None and best is None:
+        goals.append(_goal("1a", "adaptive / best static arm", cid, None, "no valid static arm"))
+    else:
+        m, why = _vs(g1, adaptive, best) if best else (None, "cell not run")
+        goals.append(_goal("1a", f"adaptive / best static arm ({best})", cid, m, why))
+    for gid, peer, label in (
+        ("1b", "vllm-dynamic", "vLLM's tuned batch-size table"),
+        ("1c", "smartspec:ngram", "SmartSpec-style"),
+        ("1d", "banditspec:ngram", "BanditSpec-style"),
+    ):
+        m, why = _vs(g1, adaptive, peer)
+        goals.append(_goal(gid, f"adaptive / {label}", cid, m, why))
+    for cat in (*CATEGORIES, MT_BENCH):
+        cell = _find(cells, cat, 4, 0.0)
+        if cell is None:
+            continue
+        best = cell.get("best_static")
+        m, why = _vs(cell, adaptive, best) if best else (None, "no valid static arm")
+        goals.append(
+            _goal(
+                f"2:{cat}", f"{cat} alone: adaptive / best static arm ({best})", cell["id"], m, why
+            )
+        )
+    g3 = _find(cells, "mixed", 16, 1.0)
+    m, why = _vs(g3, adaptive, "none")
+    goals.append(
+        _goal("3", "c=16, T=1.0: adaptive / no speculation", g3["id"] if g3 else None, m, why)
+    )
+    overheads = [
+        (c["id"], c["summary"][adaptive]["controller_overhead"])
+        for c in cells
+        if c["concurrency"] == 16
+        and adaptive in c.get("summary", {})
+        and c["summary"][adaptive]["controller_overhead"] is not None
+    ]
+    if overheads:
+        cid, worst = max(overheads, key=lambda x: x[1])
+        goals.append(
+            _goal(
+                "4",
+                "controller overhead at c=16 (share of step time)",
+                cid,
+                worst,
+                None,
+                at_most=True,
+            )
+        )
+    else:
+        goals.append(
+            _goal(
+                "4",
+                "controller overhead at c=16",
+                None,
+                None,
+                "no adaptive run at c=16",
+                at_most=True,
+            )
+        )
+    return goals
