@@ -9,6 +9,9 @@ Hooks (verified on vLLM 0.32.0's CPU build, NOTES.md), all installed on instance
   batch size and tokens verified; feeds the policy and the trace;
 * ``Scheduler.update_draft_token_ids``: receives the engine's own drafts (n-gram lookup or draft model)
   and keeps them for this step instead of applying them;
+* ``Scheduler.finish_requests``: requests finished from outside the step loop (aborted by a client, or
+  ended by the front end on a stop string) release their per-request state in AdaptiveSpec, the policy
+  and the proposers;
 * ``EngineCore.post_step``: after the engine's own post-step, asks the policy for an arm per running
   request and hands the chosen drafts, cut to k, to the scheduler through vLLM's own
   ``update_draft_token_ids`` (so vLLM's checks for finished requests, prefill chunks and structured
@@ -312,6 +315,7 @@ class AdaptiveSpec:
         orig_schedule = self._patch(sched, "schedule", None)
         orig_update = self._patch(sched, "update_from_output", None)
         self._orig_update_drafts = self._patch(sched, "update_draft_token_ids", None)
+        orig_finish = self._patch(sched, "finish_requests", None)
         orig_post = self._patch(core, "post_step", None)
         rs = self.runner.rejection_sampler
         orig_rs = self._patch(rs, "forward", None)
@@ -346,6 +350,15 @@ class AdaptiveSpec:
                 self._fault("engine drafts", e)
                 self._orig_update_drafts(draft_token_ids)
 
+        def finish_requests(request_ids: Any, finished_status: Any) -> Any:
+            finished = orig_finish(request_ids, finished_status)
+            try:
+                for r in finished or ():
+                    self._forget(r.request_id)
+            except Exception as e:
+                self._fault("finish", e)
+            return finished
+
         def post_step(model_executed: bool) -> None:
             self._engine_drafts = {}
             orig_post(model_executed)
@@ -363,6 +376,7 @@ class AdaptiveSpec:
         sched.schedule = schedule
         sched.update_from_output = update_from_output
         sched.update_draft_token_ids = update_draft_token_ids
+        sched.finish_requests = finish_requests
         core.post_step = post_step
         rs.forward = forward
         self._attached = True
@@ -585,6 +599,12 @@ class AdaptiveSpec:
         self._last.pop(rid, None)
         for p in self.proposers.values():
             p.release(rid)
+
+    def _forget(self, rid: str) -> None:
+        """A request finished outside the step loop (abort, stop string): drop its state everywhere."""
+        if rid in self._tokens or rid in self._chosen:
+            self._release(rid)
+            self.policy.release(rid)
 
     def _assign_drafts(self) -> None:
         t0 = time.perf_counter()
