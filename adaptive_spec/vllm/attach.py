@@ -506,7 +506,9 @@ class AdaptiveSpec:
             self._tokens[rid].extend(emitted)
             finished = r.is_finished()
             drafted = pre["spec"].get(rid, 0)
-            acc = min(pre["accepted"].get(rid, 0), drafted)
+            # Committed accepted draft tokens: a stop token or a length limit inside an accepted chunk
+            # cuts the raw count (vLLM's sampled tokens) to what was emitted.
+            acc = min(pre["accepted"].get(rid, 0), drafted, len(emitted))
             chosen = self._chosen.pop(rid, None)
             arm = chosen[0] if chosen is not None else NO_SPEC
             argmax = pre["argmax"].get(rid)
