@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from .cost_profiles import CostProfile, LinearCostProfile, RooflineCostProfile
+from .cost_profiles import PRESETS, CostProfile, LinearCostProfile, RooflineCostProfile
 from .requests import ReplayRequest
 from .synthetic import AcceptanceProcess, Regime, RequestSpec, make_requests
 
@@ -67,8 +67,12 @@ def workloads(
 
 @st.composite
 def cost_profiles(draw: st.DrawFn) -> CostProfile:
-    """A linear profile with random non-negative coefficients, or a roofline profile."""
-    if draw(st.booleans()):
+    """A linear profile with random non-negative coefficients, a roofline profile, or a preset
+    (including the measured, tabulated ``h200-llama8b``)."""
+    kind = draw(st.sampled_from(("linear", "linear", "roofline", "roofline", "preset")))
+    if kind == "preset":
+        return PRESETS[draw(st.sampled_from(sorted(PRESETS)))]
+    if kind == "linear":
         return LinearCostProfile(
             c0=draw(st.floats(1e-3, 5e-2)),
             c_batch=draw(st.floats(0.0, 1e-2)),

@@ -107,3 +107,22 @@ def test_invalid_profiles_refused() -> None:
         RooflineCostProfile(0.02, 0.5, 0.001)
     with pytest.raises(ValueError, match=">= 0"):
         PRESETS["cpu-smollm2"].step_time(-1, 0)
+
+
+def test_tabulated_h200_profile() -> None:
+    from adaptive_spec.sim.cost_profiles import H200_LLAMA8B_MS, TabulatedCostProfile
+
+    p = PRESETS["h200-llama8b"]
+    assert isinstance(p, TabulatedCostProfile)
+    for i, B in enumerate(p.batch_sizes):
+        for j, T in enumerate(p.tokens_per_request):
+            assert p.step_time(B, B * (T - 1)) == pytest.approx(H200_LLAMA8B_MS[i][j] / 1e3)
+    # More verified tokens never cost less, at any batch size; past the grid it extrapolates upward.
+    for B in (1, 3, 16, 50, 64, 100):
+        t = p.step_time(np.full(40, B), np.arange(40) * B)
+        assert (np.diff(t) >= -1e-12).all() and t[-1] > t[0]
+    assert p.step_time(4, 0, draft_passes=3) == pytest.approx(p.step_time(4, 0) + 3 * 0.001333)
+    with pytest.raises(ValueError, match="tokens_per_request"):
+        TabulatedCostProfile((1, 2), (2, 3), ((1.0, 1.0), (1.0, 1.0)), (0.0, 0.0))
+    with pytest.raises(ValueError, match="step_s"):
+        TabulatedCostProfile((1, 2), (1, 3), ((1.0, -1.0), (1.0, 1.0)), (0.0, 0.0))
