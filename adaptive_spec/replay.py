@@ -40,7 +40,7 @@ def add_parser(sub: Any) -> None:
         "--profile",
         default="fit",
         help="cost profile: fit (least squares on the trace's step times, default), cpu-smollm2, "
-        "gpu-flat, gpu-tight, linear:c0,c_batch,c_token[,c_draft_pass[,c_prefill_token]] or "
+        "gpu-flat, gpu-tight, h200-llama8b (measured), linear:c0,c_batch,c_token[,c_draft_pass[,c_prefill_token]] or "
         "roofline:base_s,flat_tokens,per_token_s[,draft_ratio] (seconds)",
     )
     p.add_argument(

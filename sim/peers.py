@@ -81,8 +81,9 @@ class SmartSpecPolicy(SpecPolicy):
     Examples
     --------
     >>> import numpy as np
-    >>> from adaptive_spec.controller import RequestView, StepView
+    >>> from adaptive_spec.controller import RequestView, StepOutcome, StepView
     >>> pol = SmartSpecPolicy(["ngram"], 4)
+    >>> pol.observe(StepOutcome([], 0.03, 1, 0))  # one measured step (30 ms) for the cost model
     >>> v = RequestView("r", 1, 100, drafts={"ngram": np.arange(4)})
     >>> pol.decide(StepView([v], batch_size=1)).arms[0].proposer
     'ngram'
