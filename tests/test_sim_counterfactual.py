@@ -231,3 +231,48 @@ def test_record_cli_stores_rerun_drafts(tmp_path: Path) -> None:
         len(out),
     )
     assert cli_main(["record"]) == 2
+
+
+@pytest.mark.slow  # imports transformers (about 10 s here) and runs ~100 small forwards
+def test_record_cli_with_a_transformers_draft_model(tmp_path: Path) -> None:
+    """``record --draft-model``: a (tiny, random) transformers causal LM's teacher-forced drafts give
+    the accepted lengths of its own greedy autoregressive drafts."""
+    from adaptive_spec.sim.counterfactual import read_counterfactuals
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from adaptive_spec.cli import main as cli_main
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    mdir = tmp_path / "draft"
+    model.save_pretrained(mdir)
+    fn = torch_causal_lm(model)
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(3, 30, size=12)
+    seq = list(prompt)
+    for _ in range(30):  # the "target" follows the draft model 60 % of the time
+        t = int(fn(np.asarray(seq))[-1])
+        seq.append(t if rng.random() < 0.6 else int(rng.integers(3, 30)))
+    out = np.asarray(seq[len(prompt) :], dtype=np.int64)
+    src = tmp_path / "t.jsonl"
+    _write_trace(src, prompt, out, 4)
+    assert cli_main(["record", str(src), "--draft-model", str(mdir)]) == 0
+    cf = read_counterfactuals(src)
+    assert cf.sources["draft"] == "teacher-forced"
+    table = cf.tables["r"]["draft"]
+    accepted = []
+    for n in range(1, len(out)):
+        true = _greedy_draft(fn, np.concatenate([prompt, out[:n]]), min(3, len(out) - n - 1) or 1)
+        a = matched_length(true, out[n:])
+        assert matched_length(table[n], out[n:]) == min(a, table[n].size)
+        accepted.append(a)
+    assert max(accepted) >= 2
