@@ -271,8 +271,11 @@ def test_record_cli_with_a_transformers_draft_model(tmp_path: Path) -> None:
     table = cf.tables["r"]["draft"]
     accepted = []
     for n in range(1, len(out)):
-        true = _greedy_draft(fn, np.concatenate([prompt, out[:n]]), min(3, len(out) - n - 1) or 1)
+        k = table[n].size  # 4, cut to the budget near the end
+        if k == 0:
+            continue
+        true = _greedy_draft(fn, np.concatenate([prompt, out[:n]]), k)
         a = matched_length(true, out[n:])
-        assert matched_length(table[n], out[n:]) == min(a, table[n].size)
+        assert matched_length(table[n], out[n:]) == a
         accepted.append(a)
     assert max(accepted) >= 2
