@@ -1,0 +1,141 @@
+"""CI smoke test of ``adaptive-spec bench``, for correctness only (never speed): the tiny float32 model, in
+a subprocess, every engine kind (main, vLLM's tuned table, HF), greedy and sampled cells; checks the
+JSON, the greedy identity of every greedy run (exact in float32), the goals section, the plots and that
+the table is printed last."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (pip install -e '.[cpu]')")
+
+# One configuration per code path (banditspec, vllm-ngram and Jacobi arms share these paths; their
+# pieces have their own tests), to keep this test near a minute on a quiet machine.
+CONFIGS = "none,static:ngram:2,smartspec:ngram,adaptive,adaptive-warm,vllm-dynamic,hf-greedy,hf-pld"
+
+
+@pytest.fixture(scope="module")
+def bench_run(tiny_model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    questions = tmp / "questions.jsonl"
+    turns = [
+        "Repeat after me: the cat sat on the mat, the cat sat on the mat.",
+        "Count: one two three, one two three, one two three.",
+        "Write a list: apple, banana, apple, banana, apple.",
+        "Say yes no yes no yes no.",
+    ]
+    questions.write_text(
+        "".join(
+            json.dumps({"question_id": i, "category": "smoke", "turns": [t]}) + "\n"
+            for i, t in enumerate(turns)
+        )
+    )
+    out = tmp / "out"
+    cmd = [
+        sys.executable,
+        "-m",
+        "adaptive_spec.cli",
+        "bench",
+        "--model",
+        str(tiny_model_dir),
+        "--dtype",
+        "float32",
+        "--eager",
+        "--max-k",
+        "4",
+        "--workloads",
+        str(questions),
+        "--concurrency",
+        "1,2",
+        "--temperatures",
+        "0,1",
+        "--configs",
+        CONFIGS,
+        "--prompts",
+        "2",
+        "--max-tokens",
+        "8",
+        "--repeats",
+        "2",
+        "--out",
+        str(out),
+    ]
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", COLUMNS="200")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    return proc, out
+
+
+def test_exit_code_and_table_printed_last(bench_run):
+    proc, _ = bench_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = proc.stdout
+    goals_at = text.index("Goals (issue #7")
+    table_at = text.index("adaptive-spec bench: goodput")
+    assert goals_at < table_at
+    assert "results:" in text[:table_at]
+
+
+def test_json_records_every_figure(bench_run):
+    _, out = bench_run
+    data = json.loads((out / "bench.json").read_text())
+    assert data["schema"] == "adaptive-spec-bench" and data["mode"] == "custom"
+    env = data["environment"]
+    assert env["cpu_model"] and env["logical_cpus"] >= 1 and env["torch_threads"] >= 1
+    for lib in ("torch", "vllm", "transformers"):
+        assert env["versions"][lib]
+    assert len(env["git"]["commit"]) == 40
+    cells = {c["id"]: c for c in data["cells"]}
+    assert set(cells) == {f"questions/c{c}/t{t}" for c in (1, 2) for t in (0, 1)}
+    table = data["dynamic_tables"]["questions"]["table"]
+    assert table[0][0] == 1 and table[-1][1] == 2
+    for cid, cell in cells.items():
+        greedy = cid.endswith("t0")
+        expected = set(CONFIGS.split(","))
+        if not (greedy and "/c1/" in cid):
+            expected -= {"hf-greedy", "hf-pld"}
+        assert set(cell["summary"]) == expected, cid
+        assert "baselines" in cell and "dynamic" in cell["baselines"]
+        for name, s in cell["summary"].items():
+            assert "error" not in s, (cid, name, s.get("error"))
+            assert s["repeats"] == 2 and s["goodput_tok_s"] > 0
+            assert s["ratio_to_none"] is not None
+            if greedy and name != "hf-greedy":
+                # float32: greedy identity is exact token equality (NOTES.md).
+                ident = s["identity"]
+                assert ident["identical"] == ident["total"] == 4, (cid, name, ident)
+                assert s["valid"]
+            if not greedy:
+                assert "identity" not in s and s["valid"]
+            if s["kind"] == "adaptive":
+                assert 0 <= s["controller_overhead"] < 1
+        for name, entry in cell["configs"].items():
+            for r in entry["runs"]:
+                assert 0 < r["output_tokens"] <= 2 * 8, (cid, name)
+        if greedy:
+            prep = cell["prepare"]["main"]
+            assert prep["warm_trained_on"] == "held-out prompts"
+        assert cell["best_static"] == "static:ngram:2"
+
+
+def test_goals_section_and_plots(bench_run):
+    _, out = bench_run
+    data = json.loads((out / "bench.json").read_text())
+    ids = [g["id"] for g in data["goals"]]
+    assert ids[:4] == ["1a", "1b", "1c", "1d"] and "3" in ids and "4" in ids
+    for g in data["goals"]:
+        assert set(g) >= {"id", "description", "measured", "threshold", "met"}
+        # No 'mixed' cell and no concurrency-16 cell in this grid: nothing can be judged.
+        assert g["met"] is None
+    names = {os.path.basename(p) for p in data["plots"]}
+    assert "goodput_all.png" in names
+    assert "arms_questions_c2_t0.png" in names and "goodput_questions_c1_t1.png" in names
+    for p in data["plots"]:
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,220 @@
+"""adaptive-spec bench: medians, paired ratios, best static arm, greedy-identity validity and the goals,
+on hand-made runs whose figures are known."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaptive_spec.bench import _merge, best_k_by_concurrency
+from adaptive_spec.benchmarks.summary import compute_goals, summarize_cell
+
+
+def runs(goodputs, *, violations=0, emitted=None, steps=None, overhead=None, identity=True):
+    out = []
+    for i, g in enumerate(goodputs):
+        r = {
+            "repeat": i,
+            "wall_s": 1.0,
+            "output_tokens": int(g),
+            "goodput_tok_s": float(g),
+            "controller_overhead": overhead,
+            "totals": {
+                "request_steps": steps or 10,
+                "emitted": emitted or 10,
+                "drafted": 8,
+                "accepted": 4,
+            },
+            "valid": violations == 0,
+        }
+        if identity:
+            r["identity"] = {
+                "total": 4,
+                "identical": 4 - violations,
+                "near_tie": 0,
+                "violations": violations,
+            }
+        out.append(r)
+    return out
+
+
+def cell(label="mixed", c=4, t=0.0, configs=None, baselines=None):
+    return {
+        "id": f"{label}/c{c}/t{t:g}",
+        "label": label,
+        "concurrency": c,
+        "temperature": t,
+        "configs": {n: {"engine": e, "runs": r} for n, (e, r) in (configs or {}).items()},
+        "baselines": baselines or {},
+    }
+
+
+def test_paired_ratio_differs_from_ratio_of_medians():
+    x = summarize_cell(
+        cell(
+            configs={
+                "none": ("main", runs([100, 50, 80])),
+                "static:ngram:2": ("main", runs([150, 75, 80])),
+            }
+        )
+    )
+    s = x["summary"]["static:ngram:2"]
+    # Per-repeat ratios 1.5, 1.5, 1.0: median 1.5 (the medians' ratio would be 80 / 80 = 1.0).
+    assert s["ratio_to_none"] == pytest.approx(1.5)
+    assert s["goodput_tok_s"] == pytest.approx(80.0)
+    assert s["ratio_method"] == "paired"
+    assert x["summary"]["none"]["ratio_to_none"] == 1.0
+
+
+def test_best_static_skips_invalid_and_adaptive_is_divided_by_it():
+    x = summarize_cell(
+        cell(
+            configs={
+                "none": ("main", runs([100, 100, 100])),
+                "static:ngram:8": ("main", runs([200, 200, 200], violations=1)),
+                "static:ngram:4": ("main", runs([130, 130, 130])),
+                "static:jacobi:2": ("main", runs([110, 110, 110])),
+                "adaptive": ("main", runs([156, 156, 156], overhead=0.02)),
+            }
+        )
+    )
+    assert x["best_static"] == "static:ngram:4"
+    s = x["summary"]
+    assert not s["static:ngram:8"]["valid"]
+    assert s["static:ngram:8"]["identity"]["violations"] == 3
+    assert s["adaptive"]["ratio_to_best_static"] == pytest.approx(1.2)
+    assert s["adaptive"]["controller_overhead"] == pytest.approx(0.02)
+    assert s["adaptive"]["mean_accepted_length"] == pytest.approx(1.0)
+    assert s["adaptive"]["acceptance_rate"] == pytest.approx(0.5)
+
+
+def test_other_engines_ratio_methods():
+    x = summarize_cell(
+        cell(
+            c=1,
+            configs={
+                "none": ("main", runs([40, 40, 40])),
+                "vllm-dynamic": ("dynamic", runs([60, 30, 60])),
+                "static:draft:4": ("draft", runs([50, 50, 50])),
+                "hf-greedy": ("hf", runs([20, 20, 20], identity=False)),
+                "hf-pld": ("hf", runs([30, 30, 30])),
+            },
+            baselines={
+                "dynamic": {"engine": "dynamic", "runs": runs([40, 20, 50])},
+                "draft": {"engine": "draft", "runs": runs([25, 25, 25])},
+            },
+        )
+    )
+    s = x["summary"]
+    # Paired with the dynamic engine's own no-speculation runs: 1.5, 1.5, 1.2.
+    assert s["vllm-dynamic"]["ratio_to_none"] == pytest.approx(1.5)
+    assert s["vllm-dynamic"]["ratio_method"] == "paired-own-engine"
+    # The draft engine: unpaired against the main engine's no speculation, own ratio kept.
+    assert s["static:draft:4"]["ratio_to_none"] == pytest.approx(50 / 40)
+    assert s["static:draft:4"]["ratio_to_own_none"] == pytest.approx(2.0)
+    assert s["hf-greedy"]["ratio_to_none"] == pytest.approx(0.5)
+    assert s["hf-pld"]["ratio_to_hf_greedy"] == pytest.approx(1.5)
+    assert s["hf-pld"]["ratio_to_none"] == pytest.approx(0.75)
+    assert x["best_static"] == "static:draft:4"
+
+
+def test_a_failed_configuration_is_invalid_without_figures():
+    x = cell(configs={"none": ("main", runs([10, 10, 10]))})
+    x["configs"]["adaptive"] = {"engine": "main", "runs": [], "error": "RuntimeError: boom"}
+    s = summarize_cell(x)["summary"]["adaptive"]
+    assert s["valid"] is False and s["error"].startswith("RuntimeError")
+    assert s["goodput_tok_s"] is None and s["ratio_to_none"] is None
+
+
+def _goal_cells(adaptive_mixed=140.0, adaptive_invalid=False):
+    g1 = cell(
+        configs={
+            "none": ("main", runs([100] * 3)),
+            "static:ngram:4": ("main", runs([120] * 3)),
+            "smartspec:ngram": ("main", runs([125] * 3)),
+            "banditspec:ngram": ("main", runs([110] * 3)),
+            "vllm-dynamic": ("dynamic", runs([118] * 3)),
+            "adaptive": ("main", runs([adaptive_mixed] * 3, violations=int(adaptive_invalid))),
+        },
+        baselines={"dynamic": {"engine": "dynamic", "runs": runs([100] * 3)}},
+    )
+    code = cell(
+        "code",
+        configs={
+            "none": ("main", runs([100] * 3)),
+            "static:ngram:8": ("main", runs([200] * 3)),
+            "adaptive": ("main", runs([192] * 3)),
+        },
+    )
+    hot = cell(
+        c=16,
+        t=1.0,
+        configs={
+            "none": ("main", runs([300] * 3, identity=False)),
+            "adaptive": ("main", runs([288] * 3, identity=False, overhead=0.04)),
+        },
+    )
+    return [summarize_cell(c) for c in (g1, code, hot)]
+
+
+def test_goals_measured_and_met():
+    goals = {g["id"]: g for g in compute_goals(_goal_cells())}
+    assert goals["1a"]["measured"] == pytest.approx(140 / 120) and goals["1a"]["met"] is True
+    assert goals["1b"]["measured"] == pytest.approx(140 / 118) and goals["1b"]["met"] is True
+    assert goals["1c"]["measured"] == pytest.approx(140 / 125) and goals["1c"]["met"] is True
+    assert goals["1d"]["met"] is True
+    assert goals["2:code"]["measured"] == pytest.approx(0.96) and goals["2:code"]["met"] is True
+    assert goals["3"]["measured"] == pytest.approx(0.96) and goals["3"]["met"] is False
+    assert goals["4"]["measured"] == pytest.approx(0.04) and goals["4"]["met"] is False
+    assert goals["4"]["comparison"] == "<="
+    assert "2:math" not in goals  # not run: no entry
+
+
+def test_goals_unmet_and_not_available():
+    goals = {g["id"]: g for g in compute_goals(_goal_cells(adaptive_mixed=130))}
+    assert goals["1a"]["met"] is False  # 130 / 120 < 1.15
+    goals = {g["id"]: g for g in compute_goals(_goal_cells(adaptive_invalid=True))}
+    assert goals["1a"]["met"] is None and "invalid" in goals["1a"]["note"]
+    goals = {g["id"]: g for g in compute_goals([])}
+    assert all(g["met"] is None for g in goals.values())
+    assert goals["3"]["note"] == "cell not run"
+
+
+def test_best_k_by_concurrency_prefers_greedy_and_zero_when_nothing_helps():
+    def static_cell(c, t, ratios):
+        cfg = {"none": ("main", runs([100] * 3))}
+        for k, r in ratios.items():
+            cfg[f"static:ngram:{k}"] = ("main", runs([100 * r] * 3))
+        cfg["static:jacobi:8"] = ("main", runs([500] * 3))  # another proposer: ignored
+        return summarize_cell(cell(c=c, t=t, configs=cfg))
+
+    cells = [
+        static_cell(1, 0.0, {2: 1.1, 8: 1.4}),
+        static_cell(4, 1.0, {2: 1.3}),
+        static_cell(4, 0.0, {2: 1.05, 4: 1.2}),
+        static_cell(16, 0.0, {1: 0.9, 2: 0.95}),
+    ]
+    assert best_k_by_concurrency(cells, "mixed") == {1: 8, 4: 4, 16: 0}
+    assert best_k_by_concurrency(cells, "code") == {}
+
+
+def test_merge_puts_other_engines_no_speculation_in_baselines():
+    merged = {"a/c1/t0": {"configs": {}}}
+    _merge(
+        merged,
+        "dynamic",
+        {
+            "cells": {
+                "a/c1/t0": {
+                    "prepare": {"reference_s": 1.0},
+                    "configs": {
+                        "none": {"engine": "dynamic", "runs": [1]},
+                        "vllm-dynamic": {"engine": "dynamic", "runs": [2]},
+                    },
+                }
+            }
+        },
+    )
+    m = merged["a/c1/t0"]
+    assert m["baselines"]["dynamic"]["runs"] == [1]
+    assert list(m["configs"]) == ["vllm-dynamic"]
+    assert m["prepare"]["dynamic"] == {"reference_s": 1.0}

@@ -1,0 +1,63 @@
+"""adaptive-spec bench worker pieces that need no engine: proposers per configuration, policy
+construction (including the SmartSpec/BanditSpec peers) and the model-length cap."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adaptive_spec.benchmarks.worker import _max_model_len, config_proposers, make_bench_policy
+
+
+@pytest.mark.parametrize(
+    ("name", "proposers"),
+    [
+        ("none", ["none"]),
+        ("static:ngram:4", ["none", "ngram"]),
+        ("static:jacobi:2", ["none", "jacobi"]),
+        ("smartspec:ngram", ["none", "ngram"]),
+        ("banditspec:jacobi", ["none", "jacobi"]),
+        ("adaptive", ["none", "ngram", "jacobi"]),
+        ("adaptive-warm", ["none", "ngram", "jacobi"]),
+        ("adaptive+draft", ["none", "ngram", "jacobi", "draft"]),
+    ],
+)
+def test_each_configuration_enables_only_its_proposers(name, proposers):
+    assert config_proposers(name, "main") == proposers
+
+
+@pytest.mark.parametrize(
+    ("name", "expected", "cls"),
+    [
+        ("none", "static:none", "StaticPolicy"),
+        ("static:ngram:4", "static:ngram:4", "StaticPolicy"),
+        ("adaptive", "adaptive", "AdaptiveController"),
+        ("adaptive-warm", "adaptive", "AdaptiveController"),
+        ("smartspec:ngram", "smartspec:ngram", "SmartSpecPolicy"),
+        ("banditspec:ngram", "banditspec:ngram", "BanditSpecPolicy"),
+        ("table:ngram:1-2=4,3-16=1", "table:ngram", "BatchSizeTablePolicy"),
+    ],
+)
+def test_make_bench_policy_names(name, expected, cls):
+    pol = make_bench_policy(name, config_proposers(name, "main"), 8)
+    assert pol.name == expected
+    assert type(pol).__name__ == cls
+    if name.startswith(("smartspec", "banditspec")):
+        assert pol.proposer == "ngram"
+
+
+def test_make_bench_policy_refuses_unknown():
+    with pytest.raises(ValueError, match="not"):
+        make_bench_policy("greedy-oracle", ["none", "ngram"], 8)
+    with pytest.raises(ValueError):
+        make_bench_policy("static:ngram:9", ["none", "ngram"], 8)
+
+
+def test_max_model_len_is_capped_by_the_model(tmp_path):
+    assert _max_model_len(None) == 4096
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 2048}))
+    assert _max_model_len(str(tmp_path)) == 2048
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    assert _max_model_len(str(tmp_path)) == 4096
+    assert _max_model_len(str(tmp_path / "missing")) == 4096
