@@ -50,14 +50,34 @@ def static_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]
 
 
 def test_replaying_the_recording_static_policy_reproduces_goodput(
-    static_trace: tuple[Path, float],
+    static_trace: tuple[Path, float], tmp_path: Path
 ) -> None:
     path, recorded = static_trace
     wl = load_replay_trace(path)
     assert wl.recorded_goodput == pytest.approx(recorded)
-    prof = fit_linear_profile(wl.trace)  # fitted to the noisy measured step times
-    res = replay(wl.requests, StaticPolicy(PROPS, 8, Arm("ngram", 4)), prof, max_batch=wl.max_batch)
+    static = StaticPolicy(PROPS, 8, Arm("ngram", 4))
+    # (1) The profile the step times were drawn from (3 % noise around it).
+    res = replay(wl.requests, static, PRESETS["cpu-smollm2"], max_batch=wl.max_batch)
     assert abs(res.goodput / wl.recorded_goodput - 1) < 0.05
+    # (2) A profile fitted to another policy's trace on the same "hardware" (the adaptive
+    # controller on another workload): the cost model transfers across policies.
+    other = make_requests(shift_across_requests([CHAT, CODE], 6, 80), 8, seed=12)
+    record_trace(
+        tmp_path / "adaptive.jsonl",
+        other,
+        make_policy("adaptive", PROPS, 8, seed=3),
+        PRESETS["cpu-smollm2"],
+        max_batch=4,
+        step_time_noise=0.03,
+        seed=6,
+    )
+    prof = fit_linear_profile(read_trace(tmp_path / "adaptive.jsonl"))
+    res = replay(wl.requests, static, prof, max_batch=wl.max_batch)
+    assert abs(res.goodput / wl.recorded_goodput - 1) < 0.05
+    # (3) A profile fitted to this trace reproduces its total time exactly (least squares with an
+    # intercept leaves residuals summing to zero) when the replay makes the same steps.
+    res = replay(wl.requests, static, fit_linear_profile(wl.trace), max_batch=wl.max_batch)
+    assert res.goodput == pytest.approx(wl.recorded_goodput, rel=1e-6)
     # Step by step, the replay makes the recorded decisions with the recorded outcomes.
     rec_rows = [
         (r["req_id"], r["arm"], r["drafted"], r["accepted"], r["emitted"])
