@@ -250,6 +250,14 @@ class AdaptiveController(SpecPolicy):
             raise ValueError(f"min_gain={min_gain!r} is invalid; allowed: a finite number >= 0")
         if not (0.0 < ema <= 1.0):
             raise ValueError(f"ema={ema!r} is invalid; allowed: 0 < ema <= 1")
+        if not (0.0 < cost_forgetting <= 1.0):
+            raise ValueError(
+                f"cost_forgetting={cost_forgetting!r} is invalid; allowed: 0 < cost_forgetting <= 1"
+            )
+        if not (ucb_alpha >= 0.0 and math.isfinite(ucb_alpha)):
+            raise ValueError(f"ucb_alpha={ucb_alpha!r} is invalid; allowed: a finite number >= 0")
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+            raise ValueError(f"seed={seed!r} is invalid; allowed: an integer >= 0")
         self.exploration = exploration
         self.epsilon = float(epsilon)
         self.ema_weight = float(ema)
@@ -258,7 +266,9 @@ class AdaptiveController(SpecPolicy):
         self.seed = int(seed)
         self.rng = np.random.default_rng(seed)
         self.models = {
-            p: LogisticThompson(FEATURE_DIM, prior_var=prior_var, discount=discount, seed=seed + 1 + i)
+            p: LogisticThompson(
+                FEATURE_DIM, prior_var=prior_var, discount=discount, seed=seed + 1 + i
+            )
             for i, p in enumerate(self.proposers)
         }
         self.cost = StepCostModel(forgetting=cost_forgetting)
@@ -516,6 +526,9 @@ class AdaptiveController(SpecPolicy):
             raise ValueError(
                 f"policy state has proposers {sorted(state.get('models', {}))}; this controller has {sorted(self.models)}"
             )
+        n_steps = state.get("n_steps", 0)
+        if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 0:
+            raise ValueError(f"policy state has n_steps={n_steps!r}; expected an integer >= 0")
         new_models = {}
         for p in self.models:
             m = LogisticThompson(FEATURE_DIM)
@@ -523,5 +536,6 @@ class AdaptiveController(SpecPolicy):
             new_models[p] = m
         cost = StepCostModel()
         cost.load_state_dict(state["cost"])
+        # Everything parsed and validated: only now replace the learned state (never half-loaded).
         self.models, self.cost = new_models, cost
-        self.n_steps = int(state.get("n_steps", 0))
+        self.n_steps = n_steps

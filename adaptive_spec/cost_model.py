@@ -144,9 +144,17 @@ class StepCostModel:
             or not (np.isfinite(theta).all() and np.isfinite(P).all())
         ):
             raise ValueError("cost model state has wrong shapes or non-finite values")
-        self.forgetting = float(state["forgetting"])
-        self.prior_scale = float(state["prior_scale"])
-        self.min_coef = float(state["min_coef"])
+        # Validate every field before assigning any (a refused state leaves the model unchanged).
+        checked = StepCostModel(
+            forgetting=float(state["forgetting"]),
+            prior_scale=float(state["prior_scale"]),
+            min_coef=float(state["min_coef"]),
+        )
+        counts = (state["n_updates"], state["n_ignored"])
+        if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
+            raise ValueError(f"cost model state has counts {counts!r}; expected integers >= 0")
+        self.forgetting = checked.forgetting
+        self.prior_scale = checked.prior_scale
+        self.min_coef = checked.min_coef
         self.theta, self.P = theta, P
-        self.n_updates = int(state["n_updates"])
-        self.n_ignored = int(state["n_ignored"])
+        self.n_updates, self.n_ignored = counts
