@@ -115,10 +115,11 @@ class TraceWriter:
         """Write the ``end`` line and close the file."""
         if self.enabled and self._f is not None:
             self._write({"type": "end", **(summary or {})})
-            try:
-                self._f.close()
-            except OSError as e:
-                self._disable(e)
+            if self._f is not None:  # the end line itself may have failed and disabled tracing
+                try:
+                    self._f.close()
+                except OSError as e:
+                    self._disable(e)
         self._f = None
         self.enabled = False
 

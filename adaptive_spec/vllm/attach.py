@@ -249,9 +249,15 @@ class AdaptiveSpec:
         if "ngram" in proposers or "jacobi" in proposers:
             from adaptive_spec.proposers import JacobiProposer, NgramProposer
         if "ngram" in proposers:
-            self.proposers["ngram"] = NgramProposer(
-                min_n=ngram_min, max_n=ngram_max, max_k=self.max_k
-            )
+            try:
+                self.proposers["ngram"] = NgramProposer(
+                    min_n=ngram_min, max_n=ngram_max, max_k=self.max_k
+                )
+            except ValueError as e:
+                raise ValueError(
+                    f"ngram_min={ngram_min!r}, ngram_max={ngram_max!r} are invalid ({e}); allowed: "
+                    "1 <= ngram_min <= ngram_max <= 64"
+                ) from None
         if "jacobi" in proposers:
             self.proposers["jacobi"] = JacobiProposer(max_k=self.max_k)
         self.category_of = category_of
@@ -566,13 +572,23 @@ class AdaptiveSpec:
             self.metrics.by_arm[key].time_s += share
             self.metrics.by_proposer[o.arm.proposer if o.drafted > 0 else "none"].time_s += share
         t_learn = time.perf_counter()
-        if outcomes or step_time > 0:
-            self.policy.observe(StepOutcome(outcomes, step_time, batch, verified, pre["prefill"]))
+        # A policy error loses the policy's update, never the step's metrics and trace record.
+        try:
+            if outcomes or step_time > 0:
+                self.policy.observe(
+                    StepOutcome(outcomes, step_time, batch, verified, pre["prefill"])
+                )
+        except Exception as e:
+            self._fault("observe", e)
         for rid in list(reqs):
             if reqs[rid][0].is_finished():
-                self.policy.release(rid)
+                try:
+                    self.policy.release(rid)
+                except Exception as e:
+                    self._fault("release", e)
         controller_s += time.perf_counter() - t_learn
-        self.metrics.add_step(max(step_time, 0.0), controller_s)
+        valid_time = math.isfinite(step_time) and step_time > 0
+        self.metrics.add_step(step_time if valid_time else 0.0, controller_s)
         if self.tracer is not None:
             self.tracer.step(
                 {
