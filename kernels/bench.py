@@ -75,25 +75,93 @@ def _verify_inputs(b: int, k: int, vocab: int, mode: str, dtype: torch.dtype, de
     return logits, draft, cu, kw
 
 
+def _graph_replay(fn: Callable[[], Any], t: Callable[[Callable[[], Any]], float]):
+    """(GPU ms of ``fn`` under CUDA-graph replay, outputs of the captured call) or (None, None).
+
+    Replaying a captured graph issues the same kernels with no Python, no allocator and no
+    launch overhead: the time is the GPU's alone.
+    """
+    try:
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        ms = t(graph.replay)
+        torch.cuda.synchronize()
+    except Exception as exc:  # a call that cannot be captured: report, keep going
+        print(f"[bench] CUDA-graph capture failed: {type(exc).__name__}: {exc}", flush=True)
+        return None, None
+    return ms, out
+
+
+def _host_us(fn: Callable[[], Any], device: torch.device, n: int = 30) -> float:
+    """Host time to issue one call (microseconds): ``n`` calls back to back, no synchronisation."""
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = time.perf_counter() - t0
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return dt / n * 1e6
+
+
+def _same(a, b) -> bool:
+    fields = ("output_token_ids", "num_emitted", "num_accepted", "target_argmax")
+    return all(torch.equal(getattr(a, f), getattr(b, f)) for f in fields)
+
+
+def _load_baseline(path: str) -> Callable[..., Any]:
+    """``verify_triton`` of another implementation file (before/after comparisons)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("adaptive_spec.kernels._baseline", path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"--baseline {path!r}: not a Python file")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.verify_triton
+
+
 def bench_verify(
-    device: torch.device, quick: bool, use_triton: bool, bw: float | None
+    device: torch.device,
+    quick: bool,
+    use_triton: bool,
+    bw: float | None,
+    grid: str = "full",
+    baseline: str | None = None,
+    on_row: Callable[[dict], None] | None = None,
 ) -> list[dict]:
-    """Verification rows: greedy, stochastic (one-hot q), stochastic with draft probabilities."""
+    """Verification rows: greedy, stochastic (one-hot q), stochastic with draft probabilities.
+
+    Columns: ``ref_ms`` (PyTorch reference, per call), ``triton_ms`` (Triton, end-to-end per
+    call: CUDA events around the call, so host time shows when the host is the slower side),
+    ``gpu_ms`` (Triton under CUDA-graph replay: device time only), ``host_us`` (host time to
+    issue one Triton call), ``match`` (Triton output equal to the reference's, bit for bit, and
+    the graph replay equal to the eager call), ``floor_ms`` (logits bytes / copy bandwidth).
+    ``baseline`` (a file path) adds ``base_ms`` / ``base_gpu_ms`` for another implementation.
+    """
     from .rejection import verify
 
     t = _timer(device)
+    base_fn = _load_baseline(baseline) if baseline else None
     rows = []
+    modes = ["greedy", "stochastic", "stochastic_q"]
+    head = [(256, 8, 128256, m, dt) for dt in (torch.float32, torch.bfloat16) for m in modes]
     if quick:
-        grid = [(b, k, 49152) for b in (1, 16) for k in (1, 8)]
-        modes = ["greedy", "stochastic", "stochastic_q"]
-        dtypes = [torch.float32]
+        cases = [(b, k, 49152, m, torch.float32) for b in (1, 16) for k in (1, 8) for m in modes]
+    elif grid == "headline":
+        cases = head + [(256, 8, 128256, m, torch.float16) for m in modes]
     else:
-        grid = [(b, k, v) for v in (49152, 128256) for b in (1, 16, 64, 256) for k in (1, 4, 8)]
-        modes = ["greedy", "stochastic", "stochastic_q"]
-        dtypes = [torch.float32]
-    cases = [(b, k, v, m, dt) for (b, k, v) in grid for m in modes for dt in dtypes]
-    if not quick:
-        cases += [(256, 8, 128256, m, torch.bfloat16) for m in modes]
+        sizes = [(b, k, v) for v in (49152, 128256) for b in (1, 16, 64, 256) for k in (1, 4, 8)]
+        cases = head + [(256, 8, 128256, m, torch.float16) for m in modes]
+        cases += [(b, k, v, m, torch.float32) for (b, k, v) in sizes for m in modes]
+        cases = list(dict.fromkeys(cases))
     for b, k, v, mode, dt in cases:
         logits, draft, cu, kw = _verify_inputs(b, k, v, mode, dt, device)
         row: dict[str, Any] = {
@@ -102,11 +170,78 @@ def bench_verify(
             "ref_ms": t(partial(verify, logits, draft, cu, backend="torch", **kw)),
         }
         if use_triton:
-            row["triton_ms"] = t(partial(verify, logits, draft, cu, backend="triton", **kw))
+            tri = partial(verify, logits, draft, cu, backend="triton", **kw)
+            row["triton_ms"] = t(tri)
+            row["host_us"] = _host_us(tri, device)
+            gpu_ms, captured = _graph_replay(tri, t)
+            row["gpu_ms"] = gpu_ms
+            eager = tri()
+            ok = _same(eager, verify(logits, draft, cu, backend="torch", **kw))
+            row["match"] = ok and (captured is None or _same(eager, captured))
+            if base_fn is not None and (b, k, v) == (256, 8, 128256):
+                base = partial(base_fn, logits, draft, cu, **kw)
+                row["base_ms"] = t(base)
+                row["base_gpu_ms"] = _graph_replay(base, t)[0]
         if bw:
             row["floor_ms"] = logits.numel() * logits.element_size() / bw * 1e3
         rows.append(row)
+        if on_row is not None:
+            on_row(row)
         del logits, draft, cu, kw
+    return rows
+
+
+def tune_verify(
+    device: torch.device, bw: float | None, on_row: Callable[[dict], None] | None = None
+) -> list[dict]:
+    """GPU time (CUDA-graph replay) of launch configurations at batch 256, k 8, V 128,256."""
+    from ._rejection_triton import DEFAULT_CONFIGS, TritonConfig, verify_triton
+
+    t = _timer(device)
+    rows: list[dict] = []
+    shapes = {  # (block, unroll, num_warps) of the row pass
+        torch.float32: [(1024, 4, 8), (512, 4, 4), (1024, 2, 8), (1024, 8, 8), (2048, 4, 16)],
+        torch.bfloat16: [(2048, 4, 8), (1024, 4, 4), (2048, 2, 8), (2048, 8, 8), (4096, 4, 16)],
+    }
+    for dt, shape_list in shapes.items():
+        d = DEFAULT_CONFIGS[dt.itemsize]
+        trials: list[tuple[str, TritonConfig]] = []
+        for mode in ("greedy", "stochastic"):
+            for blk, unroll, nw in shape_list:
+                for chunk in (16384, 32768, 131072):
+                    cfg = TritonConfig(blk, unroll, nw, chunk, d.sample_chunks, d.sample_warps)
+                    trials.append((mode, cfg))
+        for sw in (4, 8):
+            for sc in (1, 2, 4, 8):
+                cfg = TritonConfig(d.block, d.unroll, d.num_warps, d.chunk, sc, sw)
+                trials.append(("stochastic_q", cfg))
+        inputs: dict[str, tuple] = {}
+        for mode, cfg in trials:
+            if mode not in inputs:
+                inputs.clear()
+                torch.cuda.empty_cache()
+                inputs[mode] = _verify_inputs(256, 8, 128256, mode, dt, device)
+            logits, draft, cu, kw = inputs[mode]
+            fn = partial(verify_triton, logits, draft, cu, config=cfg, **kw)
+            try:
+                ms, _ = _graph_replay(fn, t)
+            except Exception as exc:  # a configuration that does not compile: skip it
+                print(f"[tune] {cfg}: {type(exc).__name__}: {exc}", flush=True)
+                ms = None
+            row = {
+                "kernel": "tune",
+                "config": f"{mode} {str(dt).replace('torch.', '')} block={cfg.block} "
+                f"unroll={cfg.unroll} warps={cfg.num_warps} chunk={cfg.chunk} "
+                f"sample_chunks={cfg.sample_chunks} sample_warps={cfg.sample_warps}",
+                "gpu_ms": ms,
+            }
+            if bw and ms:
+                row["floor_ms"] = logits.numel() * logits.element_size() / bw * 1e3
+                row["x_floor_gpu"] = ms / row["floor_ms"]
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+        inputs.clear()
     return rows
 
 
@@ -211,15 +346,18 @@ def bench_lora(device: torch.device, quick: bool, use_triton: bool) -> list[dict
 
 def _finish(rows: list[dict]) -> None:
     for r in rows:
-        if "triton_ms" in r:
-            r["speedup"] = r["ref_ms"] / r["triton_ms"] if r["triton_ms"] > 0 else None
-            if "floor_ms" in r:
+        if r.get("triton_ms"):
+            r["speedup"] = r["ref_ms"] / r["triton_ms"]
+            if r.get("floor_ms"):
                 r["x_floor"] = r["triton_ms"] / r["floor_ms"]
+        if r.get("gpu_ms") and r.get("floor_ms"):
+            r["x_floor_gpu"] = r["gpu_ms"] / r["floor_ms"]
 
 
 def print_table(rows: list[dict], title: str) -> None:
     """Print the rows as a table (rich when installed, plain text otherwise)."""
-    cols = ["kernel", "config", "ref_ms", "triton_ms", "speedup", "floor_ms", "x_floor"]
+    cols = ["kernel", "config", "ref_ms", "triton_ms", "gpu_ms", "host_us", "speedup", "floor_ms"]
+    cols += ["x_floor", "x_floor_gpu", "match", "base_ms", "base_gpu_ms"]
     cols = [c for c in cols if any(c in r for r in rows)]
 
     def fmt(v: Any) -> str:
@@ -258,6 +396,21 @@ def main(argv: list[str] | None = None) -> int:
         default="verify,ngram,jacobi,lora",
         help="comma-separated subset of verify,ngram,jacobi,lora",
     )
+    ap.add_argument(
+        "--verify-grid",
+        choices=("full", "headline"),
+        default="full",
+        help="verification sizes: the full grid or batch 256, k 8, V 128,256 only",
+    )
+    ap.add_argument(
+        "--tune", action="store_true", help="also time launch configurations (CUDA graphs)"
+    )
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        metavar="FILE",
+        help="another _rejection_triton.py to time next to this one (before/after)",
+    )
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     quick = args.quick or device.type != "cuda"
@@ -280,22 +433,48 @@ def main(argv: list[str] | None = None) -> int:
         "timed": "triton vs reference" if use_triton else "reference only",
     }
     rows: list[dict] = []
+
+    def save(row: dict | None = None) -> None:
+        """Write the JSON after every row: a time-out keeps what was measured."""
+        if row is not None:
+            _finish([row])
+            print(f"[bench] {row}", flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=2)
+
+    def verify_rows() -> list[dict]:
+        return bench_verify(
+            device,
+            quick,
+            use_triton,
+            bw,
+            grid=args.verify_grid,
+            baseline=args.baseline,
+            on_row=lambda r: (rows.append(r), save(r)),
+        )
+
     runners = {
-        "verify": lambda: bench_verify(device, quick, use_triton, bw),
+        "verify": verify_rows,
         "ngram": lambda: bench_ngram(device, quick, use_triton),
         "jacobi": lambda: bench_jacobi(device, quick, use_triton),
         "lora": lambda: bench_lora(device, quick, use_triton),
     }
+    if args.tune and use_triton:
+        runners["tune"] = lambda: tune_verify(
+            device, bw, on_row=lambda r: (rows.append(r), save(r))
+        )
+        wanted.append("tune")
     for name in wanted:
         t0 = time.perf_counter()
-        rows += runners[name]()
+        new = runners[name]()
+        if name not in ("verify", "tune"):  # these append (and save) row by row
+            rows += new
         if device.type == "cuda":
             torch.cuda.empty_cache()
         _finish(rows)
         print(f"[bench] {name}: {time.perf_counter() - t0:.1f}s", flush=True)
-        if args.out:  # written after every kernel group: a time-out keeps what was measured
-            with open(args.out, "w") as f:
-                json.dump({"meta": meta, "rows": rows}, f, indent=2)
+        save()
     title = (
         f"{meta['device']} | torch {meta['torch']} | triton {meta['triton']} | "
         f"copy bandwidth {meta['copy_bandwidth_GBps']:.0f} GB/s | {meta['timed']} | {meta['date']}"

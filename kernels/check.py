@@ -280,37 +280,7 @@ def _compile_specs() -> list[tuple[str, object, dict[str, str], dict[str, object
 
     i32, i64, f32 = "i32", "i64", "*fp32"
     specs: list[tuple[str, object, dict[str, str], dict[str, object]]] = []
-    for dt in ("fp32", "bf16", "fp16"):
-        sig = {"logits_ptr": f"*{dt}", "stride_row": i64, "row_inv_t_ptr": f32}
-        sig |= {"part_m_ptr": f32, "part_s_ptr": f32, "part_i_ptr": "*i32"}
-        sig |= {"V": i32, "chunk": i32, "n_split": i32}
-        specs.append((f"row_stats {dt}", rt._row_stats_kernel, sig, {"BLOCK": 2048}))
-    common = {"logits_ptr": f32, "stride_row": i64, "draft_ptr": "*i64", "cu_ptr": "*i64"}
-    common |= {"draft_probs_ptr": f32, "inv_t_ptr": f32, "greedy_ptr": "*i8", "seeds_ptr": "*i64"}
-    for st in (False, True):
-        for hq in (False, True):
-            sig = dict(common)
-            sig |= {"part_m_ptr": f32, "part_s_ptr": f32, "part_i_ptr": "*i32", "n_split": i32}
-            sig |= {"row_m_ptr": f32, "row_s_ptr": f32, "argmax_ptr": "*i64", "out_ptr": "*i64"}
-            sig |= {"n_acc_ptr": "*i64", "sample_pos_ptr": "*i64", "rejected_ptr": "*i8"}
-            sig |= {"V": i32, "max_k": i32}
-            const = {"STOCHASTIC": st, "HAS_Q": hq, "SPLIT_P2": 4}
-            specs.append((f"accept stochastic={st} q={hq}", rt._accept_kernel, sig, const))
-    for hq in (False, True):
-        sig = dict(common)
-        sig |= {"row_m_ptr": f32, "row_s_ptr": f32, "sample_pos_ptr": "*i64", "rejected_ptr": "*i8"}
-        sig |= {"best_r_ptr": f32, "best_ri_ptr": "*i64", "best_p_ptr": f32, "best_pi_ptr": "*i64"}
-        sig |= {"V": i32, "chunks_per_split": i32, "n_split": i32}
-        specs.append((f"sample q={hq}", rt._sample_kernel, sig, {"HAS_Q": hq, "SUB": 1024}))
-    sig = {"greedy_ptr": "*i8", "n_acc_ptr": "*i64", "best_r_ptr": f32, "best_ri_ptr": "*i64"}
-    sig |= {
-        "best_p_ptr": f32,
-        "best_pi_ptr": "*i64",
-        "out_ptr": "*i64",
-        "max_k": i32,
-        "n_split": i32,
-    }
-    specs.append(("finalize", rt._finalize_kernel, sig, {"SPLIT_P2": 8}))
+    specs += rt.compile_specs()  # verification: its own module lists its variants
     sig = {"tok_ptr": "*i64", "stride_b": i64, "num_ptr": "*i64", "cap_ptr": "*i64"}
     sig |= {"out_ptr": "*i64", "num_out_ptr": "*i64", "n_out_ptr": "*i64"}
     sig |= {"lmax": i32, "max_window": i32, "max_k": i32}

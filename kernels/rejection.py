@@ -27,10 +27,12 @@ Layout (vLLM V1): ``draft_token_ids`` [T] holds the requests' drafts back to bac
 in the same order: row ``cu[i-1] + i + j`` is draft position j, row ``cu[i] + i`` the bonus
 position. Zero-length drafts are allowed (one row: the plain decoding sample).
 
-The PyTorch reference (``verify_reference``) runs anywhere; the Triton kernels
-(``_rejection_triton.py``) read the logits once in a split-vocabulary pass (max, sum of
-exponentials, argmax per row), then decide acceptance per request, then read one more row per
-stochastic request to sample. ``verify`` picks one.
+The PyTorch reference (``verify_reference``) runs anywhere; the Triton path
+(``_rejection_triton.py``) is one launch for a greedy batch and two for a stochastic one: a
+split-vocabulary pass reads every logits row once (argmax; max and sum of exponentials only for
+stochastic rows), its last program per request runs the acceptance test, and stochastic requests
+read the one row they sample from once more. Offsets, temperatures and row-to-request lookup are
+computed in-kernel: no host synchronisation when ``max_k`` is given. ``verify`` picks one.
 """
 
 from __future__ import annotations
