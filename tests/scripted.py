@@ -554,10 +554,12 @@ def stream(
 
 
 # -- draft model ------------------------------------------------------------------------------------
-def make_near_draft(target_dir: Path, out: Path, *, noise: float = 0.02, seed: int = 1) -> Path:
+def make_near_draft(target_dir: Path, out: Path, *, noise: float = 0.006, seed: int = 1) -> Path:
     """A draft model for the tiny target: the target's weights plus Gaussian noise of standard deviation
     ``noise`` on the transformer layers (embedding and head unchanged), so the draft agrees with the
-    target on most tokens but not all (both accept and reject paths occur). Cached in ``out``."""
+    target on most tokens but not all (both accept and reject paths occur): on the tiny model, greedy
+    next-token agreement along the target's outputs was 0.78 at noise 0.005, 0.5 at 0.01, 0.22 at 0.02.
+    Cached in ``out`` (put the noise in its name)."""
     import torch
     from safetensors.torch import load_file, save_file
 
