@@ -68,7 +68,7 @@ def build_llm(
         spec.update({"prompt_lookup_min": 2, "prompt_lookup_max": 4})
     else:
         spec["model"] = str(draft_model)
-    return LLM(
+    llm = LLM(
         model=str(model),
         dtype=dtype,
         max_model_len=max_model_len,
@@ -81,3 +81,7 @@ def build_llm(
         kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)),
         **kwargs,
     )
+    from adaptive_spec.vllm.cpu_fixes import fix_cpu_expand_kernel
+
+    fix_cpu_expand_kernel()  # vLLM 0.32 CPU: speculation at temperature > 0 needs it
+    return llm

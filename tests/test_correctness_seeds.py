@@ -3,15 +3,14 @@ batch-mates are, their seeds, the batch order, and the controller's choices for 
 seeded request's own arm schedule is held fixed (a function of its output length only): its draft count
 per step decides how many random numbers it draws, so only that may legitimately change its output.
 
-vLLM 0.32's CPU build cannot pass this family: its CPU replacement of the Triton ``expand_kernel``
+vLLM 0.32's CPU build alone cannot pass this family: its CPU replacement of the Triton ``expand_kernel``
 (``vllm/utils/cpu_triton_utils.py::_expand_kernel_impl``) hands the C++ op ``_ensure_int64(output)``,
 an int64 *copy* of a float32 output, so ``expand_batch_to_tokens`` (used by
 ``rejection_sampler.apply_sampling_constraints`` to spread each request's temperature over its draft
 positions) returns uninitialised memory: the target logits of every request with draft tokens at
-temperature > 0 are divided by garbage (inf/NaN observed), so the accepted/recovered tokens are neither
-seeded nor distributed as the target. :func:`test_vllm_cpu_expand_kernel_keeps_float_values` pins that
-upstream defect (strict xfail: it turns into a failure the day vLLM, or a workaround in this project,
-fixes it); the seed test runs wherever the kernel is right and is skipped, naming the defect, where not.
+temperature > 0 are divided by garbage (inf/NaN observed). ``adaptive_spec.vllm.cpu_fixes`` installs a
+correct expansion when an engine is built with ``build_llm`` or AdaptiveSpec attaches;
+:func:`test_cpu_expand_fix_keeps_float_values` checks it, and the seed family runs on top of it.
 """
 
 from __future__ import annotations
@@ -52,13 +51,10 @@ def _expand_is_correct() -> bool:
     return torch.equal(got, torch.tensor([0.8, 0.8, 0.25, 0.25, 0.25]))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vLLM 0.32 CPU bug: vllm/utils/cpu_triton_utils.py::_expand_kernel_impl passes "
-    "_ensure_int64(output) (an int64 copy) for float tensors, so expand_batch_to_tokens returns "
-    "uninitialised memory and temperature > 0 verification scales logits by garbage",
-)
-def test_vllm_cpu_expand_kernel_keeps_float_values(tiny_llm):
+def test_cpu_expand_fix_keeps_float_values(tiny_llm):
+    from adaptive_spec.vllm.cpu_fixes import fix_cpu_expand_kernel
+
+    assert fix_cpu_expand_kernel()
     assert _expand_is_correct()
 
 
@@ -86,11 +82,9 @@ def _seeded_output(llm, prompts, params, mates_schedule, seeded_index):
 
 
 def test_seeded_request_independent_of_batch_mates(tiny_llm):
-    if not _expand_is_correct():
-        pytest.skip(
-            "vLLM's CPU expand kernel corrupts per-token temperatures (see "
-            "test_vllm_cpu_expand_kernel_keeps_float_values): seeded sampling with drafts is broken upstream"
-        )
+    from adaptive_spec.vllm.cpu_fixes import fix_cpu_expand_kernel
+
+    assert fix_cpu_expand_kernel() and _expand_is_correct()
     seed = 1234
     alone, own_alone = _seeded_output(tiny_llm, [SEEDED], [_sampling(seed)], fixed(NO_SPEC), 0)
     assert len(alone) == 16

@@ -227,6 +227,9 @@ class AdaptiveSpec:
                 f"proposer='draft' needs an engine built with a draft model (method in {', '.join(DRAFT_METHODS)}); "
                 f"this engine uses method={spec_config.method!r}"
             )
+        from adaptive_spec.vllm.cpu_fixes import fix_cpu_expand_kernel
+
+        fix_cpu_expand_kernel()  # vLLM 0.32 CPU: per-token temperatures at temperature > 0 (see module)
         self.llm = llm
         self.core = core
         self.scheduler = core.scheduler
