@@ -1,0 +1,646 @@
+"""Multi-LoRA drafts: one draft model, a LoRA adapter per domain, chosen per request inside vLLM's drafter.
+
+A LoRA adapter (Hu et al. 2022, "LoRA: Low-Rank Adaptation of Large Language Models") adds
+``scale * (x @ A) @ B`` to the output of a linear layer ``y = x W^T``, with ``A`` [d_in, r],
+``B`` [r, d_out] and ``scale = alpha / r``. :class:`LoraDraftManager` installs adapters on the decoder
+layers of the draft model inside an in-process vLLM 0.32 engine built with
+``speculative_config={"method": "draft_model", ...}``: forward hooks on the draft's fused linear layers
+(``qkv_proj``, ``o_proj``, ``gate_up_proj``, ``down_proj``) add every token's update through the batched
+multi-LoRA kernel :func:`adaptive_spec.kernels.lora_bgmv` (Punica's BGMV, Chen et al., MLSys 2024), with
+a per-token adapter index built from the batch's request -> adapter mapping. Requests of one batch may
+each use a different adapter, or none, in the same drafter pass; the target model is untouched, so
+verification, and thus the output, is the same whatever the adapters (greedy identity).
+
+Fused layers are handled exactly: for ``qkv_proj`` the adapter's ``A_q, A_k, A_v`` are concatenated
+along the rank and ``B_q, B_k, B_v`` placed block-diagonally, so ``x @ [A_q A_k A_v] @ blockdiag(B)``
+is ``[x A_q B_q, x A_k B_k, x A_v B_v]`` (the zero blocks add exact zeros); likewise ``gate_up_proj``.
+Adapters of rank below the manager's ``max_rank`` are zero-padded, which changes no value either.
+
+On-disk format of one adapter (``adapter.json`` + ``adapter.safetensors``): tensors
+``layers.{i}.{module}.A`` [d_in, r] and ``layers.{i}.{module}.B`` [r, d_out] for module in
+``q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj`` (Hugging Face Llama names), and the
+rank, alpha and the draft they were trained on. ``adaptive-spec distill --lora NAME`` trains them.
+
+vLLM runs the drafter once per engine step, with one adapter per request: the drafts a request gets at
+step t were made with the adapter set for it before step t ran (see :meth:`LoraDraftManager.
+adapter_of_last_drafts`), and a change made with :meth:`LoraDraftManager.set_request_adapter` applies
+from the next drafter pass. The draft's KV cache of a request keeps entries computed under the adapters
+it had before; that only affects later drafts, never the output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ADAPTER_FILE = "adapter.safetensors"
+ADAPTER_SPEC = "adapter.json"
+ADAPTER_FORMAT = 1
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# vLLM's fused Llama linear layers -> the Hugging Face modules they concatenate (output order).
+FUSED = {
+    "self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "self_attn.o_proj": ("o_proj",),
+    "mlp.gate_up_proj": ("gate_proj", "up_proj"),
+    "mlp.down_proj": ("down_proj",),
+}
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_KEY = re.compile(r"^layers\.(\d+)\.([a-z_]+)\.(A|B)$")
+
+
+def check_adapter_name(name: str) -> str:
+    """Return ``name`` if it is a valid adapter name (letters, digits, ``_ . -``), else raise ValueError."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(
+            f"adapter name={name!r} is invalid; allowed: a non-empty string of letters, digits, '_', '.', '-'"
+        )
+    return name
+
+
+@dataclass
+class LoraAdapter:
+    """A LoRA adapter for a layer-cut draft.
+
+    Attributes
+    ----------
+    name : str
+        Adapter name (the arm is ``lora:<name>``).
+    rank : int
+        r, the inner dimension of every ``A``/``B`` pair.
+    alpha : float
+        LoRA alpha; the update is scaled by ``alpha / rank``.
+    weights : dict
+        ``(layer, module) -> (A, B)`` with ``A`` float [d_in, r] and ``B`` float [r, d_out];
+        module among :data:`LORA_MODULES`.
+    base_draft : dict
+        ``{"name": ..., "weights_sha256": ...}`` of the draft it was trained on.
+    training, measured : dict
+        Free-form records.
+    """
+
+    name: str
+    rank: int
+    alpha: float
+    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+    base_draft: dict[str, str] = field(default_factory=dict)
+    training: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def scale(self) -> float:
+        return float(self.alpha) / float(self.rank)
+
+    @property
+    def num_layers(self) -> int:
+        return 1 + max(i for i, _ in self.weights) if self.weights else 0
+
+    def validate(self) -> LoraAdapter:
+        """Check names, rank and that every pair has shapes [d_in, r] and [r, d_out].
+
+        Raises
+        ------
+        ValueError
+            Naming the offending parameter and its value.
+        """
+        check_adapter_name(self.name)
+        if not isinstance(self.rank, int) or self.rank < 1:
+            raise ValueError(f"rank={self.rank!r} is invalid; allowed: an integer >= 1")
+        if not (isinstance(self.alpha, int | float) and self.alpha > 0):
+            raise ValueError(f"alpha={self.alpha!r} is invalid; allowed: a number > 0")
+        if not self.weights:
+            raise ValueError(f"adapter {self.name!r} has no weights")
+        for (layer, module), (a, b) in self.weights.items():
+            if module not in LORA_MODULES:
+                raise ValueError(
+                    f"adapter {self.name!r}: module={module!r}; allowed: {', '.join(LORA_MODULES)}"
+                )
+            if layer < 0:
+                raise ValueError(f"adapter {self.name!r}: layer={layer}; allowed: >= 0")
+            if a.dim() != 2 or b.dim() != 2 or a.shape[1] != self.rank or b.shape[0] != self.rank:
+                raise ValueError(
+                    f"adapter {self.name!r} layers.{layer}.{module}: A {tuple(a.shape)}, B {tuple(b.shape)}; "
+                    f"expected A [d_in, {self.rank}] and B [{self.rank}, d_out]"
+                )
+        return self
+
+
+def save_lora_adapter(adapter: LoraAdapter, directory: str | Path) -> Path:
+    """Write ``adapter`` to ``directory`` (``adapter.safetensors`` in bf16 + ``adapter.json``), atomically
+    per file.
+
+    Raises
+    ------
+    ValueError
+        If the adapter does not validate (:meth:`LoraAdapter.validate`).
+    """
+    from safetensors.torch import save_file
+
+    adapter.validate()
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for (layer, module), (a, b) in sorted(adapter.weights.items()):
+        tensors[f"layers.{layer}.{module}.A"] = a.detach().to("cpu", torch.bfloat16).contiguous()
+        tensors[f"layers.{layer}.{module}.B"] = b.detach().to("cpu", torch.bfloat16).contiguous()
+    tmp = directory / f".{ADAPTER_FILE}.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, directory / ADAPTER_FILE)
+    meta = {
+        "format": ADAPTER_FORMAT,
+        "name": adapter.name,
+        "rank": adapter.rank,
+        "alpha": adapter.alpha,
+        "target_modules": sorted({m for _, m in adapter.weights}),
+        "num_layers": adapter.num_layers,
+        "base_draft": adapter.base_draft,
+        "training": adapter.training,
+        "measured": adapter.measured,
+    }
+    tmp_json = directory / f".{ADAPTER_SPEC}.tmp"
+    tmp_json.write_text(json.dumps(meta, indent=1))
+    os.replace(tmp_json, directory / ADAPTER_SPEC)
+    return directory
+
+
+def load_lora_adapter(directory: str | Path, name: str | None = None) -> LoraAdapter:
+    """Read an adapter written by :func:`save_lora_adapter`.
+
+    Parameters
+    ----------
+    directory : path
+    name : str, optional
+        Overrides the stored name.
+
+    Raises
+    ------
+    FileNotFoundError
+        If a file is missing.
+    ValueError
+        If the files are malformed or inconsistent (rank, shapes, tensor names).
+    """
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    spec_path = directory / ADAPTER_SPEC
+    if not spec_path.is_file() or not (directory / ADAPTER_FILE).is_file():
+        raise FileNotFoundError(
+            f"{directory} is not a LoRA adapter: it needs {ADAPTER_SPEC} and {ADAPTER_FILE}"
+        )
+    try:
+        meta = json.loads(spec_path.read_text())
+        if meta.get("format") != ADAPTER_FORMAT:
+            raise ValueError(f"format={meta.get('format')!r}; allowed: {ADAPTER_FORMAT}")
+        rank, alpha = int(meta["rank"]), float(meta["alpha"])
+        stored_name = str(meta["name"])
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{spec_path} is malformed: {e}") from None
+    raw = load_file(str(directory / ADAPTER_FILE))
+    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for key, t in raw.items():
+        m = _KEY.match(key)
+        if m is None:
+            raise ValueError(
+                f"{directory / ADAPTER_FILE} has tensor {key!r}; expected layers.<i>.<module>.A|B"
+            )
+        pairs.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = t
+    weights = {}
+    for k, ab in pairs.items():
+        if set(ab) != {"A", "B"}:
+            raise ValueError(f"{directory}: layers.{k[0]}.{k[1]} lacks its A or B tensor")
+        weights[k] = (ab["A"], ab["B"])
+    return LoraAdapter(
+        name=name if name is not None else stored_name,
+        rank=rank,
+        alpha=alpha,
+        weights=weights,
+        base_draft=dict(meta.get("base_draft", {})),
+        training=dict(meta.get("training", {})),
+        measured=dict(meta.get("measured", {})),
+    ).validate()
+
+
+def _runner_of(engine: Any) -> Any:
+    """The V1 model runner of an in-process ``vllm.LLM``, an ``EngineCore`` or a runner itself."""
+    if hasattr(engine, "drafter") and hasattr(engine, "input_batch"):
+        return engine
+    core = engine
+    if not hasattr(core, "model_executor"):
+        try:
+            core = engine.llm_engine.engine_core.engine_core
+        except AttributeError:
+            raise ValueError(
+                f"engine={type(engine).__name__} is not an in-process vLLM engine: pass a vllm.LLM built "
+                "with VLLM_ENABLE_V1_MULTIPROCESSING=0, its EngineCore, or its model runner"
+            ) from None
+    try:
+        return core.model_executor.driver_worker.worker.model_runner
+    except AttributeError:
+        raise ValueError(
+            "cannot reach the model runner (model_executor.driver_worker.worker.model_runner): "
+            "LoRA drafts need vLLM's single-process executor"
+        ) from None
+
+
+class LoraDraftManager:
+    """Per-request LoRA adapters for the draft model of an in-process vLLM 0.32 engine.
+
+    Parameters
+    ----------
+    engine : vllm.LLM or EngineCore or model runner
+        Built with ``speculative_config={"method": "draft_model", ...}`` and the engine core in this
+        process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+    max_rank : int
+        Largest adapter rank accepted; stacks are allocated for it (adapters of lower rank are
+        zero-padded).
+    max_adapters : int
+        Adapter slots.
+    backend : {"auto", "torch", "triton"}
+        :func:`adaptive_spec.kernels.lora_bgmv` backend.
+
+    Raises
+    ------
+    ValueError
+        If the engine has no draft model, or its draft model is not a Llama-style stack of decoder
+        layers with ``qkv_proj``, ``o_proj``, ``gate_up_proj`` and ``down_proj``; for bad parameters.
+
+    Notes
+    -----
+    Installing the manager makes the draft model run eagerly (vLLM's ``do_not_compile`` flag on the
+    draft's decoder stack): a graph compiled before the hooks existed would skip them.
+    :meth:`detach` restores everything.
+
+    Examples
+    --------
+    >>> mgr = LoraDraftManager(llm)                             # doctest: +SKIP
+    >>> mgr.register("code", "adaptive_spec/data/drafts/.../adapters/code")  # doctest: +SKIP
+    >>> mgr.set_request_adapter(request_id, "code")            # doctest: +SKIP
+    """
+
+    def __init__(
+        self, engine: Any, *, max_rank: int = 16, max_adapters: int = 8, backend: str = "auto"
+    ) -> None:
+        if not isinstance(max_rank, int) or max_rank < 1:
+            raise ValueError(f"max_rank={max_rank!r} is invalid; allowed: an integer >= 1")
+        if not isinstance(max_adapters, int) or max_adapters < 1:
+            raise ValueError(f"max_adapters={max_adapters!r} is invalid; allowed: an integer >= 1")
+        if backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"backend={backend!r} is invalid; allowed: auto, torch, triton")
+        runner = _runner_of(engine)
+        drafter = getattr(runner, "drafter", None)
+        if drafter is None or type(drafter).__name__ != "DraftModelProposer":
+            raise ValueError(
+                "the engine has no draft model: build it with speculative_config={'method': "
+                "'draft_model', 'model': <draft dir>, ...} (got drafter "
+                f"{type(drafter).__name__ if drafter is not None else None})"
+            )
+        self.runner = runner
+        self.drafter = drafter
+        self.max_rank = max_rank
+        self.max_adapters = max_adapters
+        self.backend = backend
+        model = drafter.model
+        inner = getattr(model, "model", None)
+        layers = getattr(inner, "layers", None)
+        if layers is None:
+            raise ValueError(
+                f"the draft model {type(model).__name__} has no model.layers: not a Llama-style stack"
+            )
+        self._inner = inner
+        self._layers = list(layers)
+        self.num_layers = len(self._layers)
+        # Per fused module: (d_in, [d_out of each part]).
+        self.shapes: dict[str, tuple[int, tuple[int, ...]]] = {}
+        ref = self._layers[0]
+        for fused, parts in FUSED.items():
+            mod = _get(ref, fused)
+            if mod is None:
+                raise ValueError(
+                    f"the draft's layers lack {fused!r}: LoRA drafts support Llama-style layers "
+                    f"({', '.join(FUSED)})"
+                )
+            d_in = int(mod.input_size)
+            sizes = getattr(mod, "output_sizes", None)
+            if sizes is not None and len(sizes) == len(parts):
+                outs = tuple(int(s) for s in sizes)
+            else:
+                outs = (int(mod.output_size),)
+            self.shapes[fused] = (d_in, outs)
+        w = self._layers[0].self_attn.qkv_proj.weight
+        self.device, self.dtype = w.device, w.dtype
+        self._slots: dict[str, int] = {}
+        self._adapters: dict[str, LoraAdapter] = {}
+        self._scale = torch.zeros(max_adapters, dtype=torch.float32, device=self.device)
+        # Stacks per (layer, fused): A [S, d_in, P*max_rank], B [S, P*max_rank, sum d_out].
+        self._a: dict[tuple[int, str], torch.Tensor] = {}
+        self._b: dict[tuple[int, str], torch.Tensor] = {}
+        for i in range(self.num_layers):
+            for fused, (d_in, outs) in self.shapes.items():
+                r = len(outs) * max_rank
+                self._a[i, fused] = torch.zeros(
+                    max_adapters, d_in, r, dtype=self.dtype, device=self.device
+                )
+                self._b[i, fused] = torch.zeros(
+                    max_adapters, r, sum(outs), dtype=self.dtype, device=self.device
+                )
+        self._req_adapter: dict[str, str] = {}
+        self._last_drafts_adapter: dict[str, str | None] = {}
+        self._indices: torch.Tensor | None = None
+        self._first_pass = False
+        self._handles: list[Any] = []
+        self._restore: list[tuple[Any, str, bool, Any]] = []
+        self._attached = False
+        self._attach()
+
+    # -- registration -------------------------------------------------------------------------
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """Registered adapter names, in slot order."""
+        return tuple(sorted(self._slots, key=self._slots.__getitem__))
+
+    def register(self, name: str, adapter: str | Path | LoraAdapter) -> int:
+        """Load an adapter into a free slot and return the slot.
+
+        Parameters
+        ----------
+        name : str
+            Adapter name (arm ``lora:<name>``).
+        adapter : path or LoraAdapter
+            A directory written by :func:`save_lora_adapter`, or an adapter object.
+
+        Raises
+        ------
+        ValueError
+            If the name is taken or invalid, no slot is free, the rank exceeds ``max_rank``, the adapter
+            has more layers than the draft, or a matrix does not fit the draft's layer shapes (the
+            message names the tensor, its shape and the expected one).
+        """
+        check_adapter_name(name)
+        if name in self._slots:
+            raise ValueError(f"adapter name={name!r} is already registered; unregister it first")
+        free = sorted(set(range(self.max_adapters)) - set(self._slots.values()))
+        if not free:
+            raise ValueError(
+                f"all {self.max_adapters} adapter slots are in use ({', '.join(self.adapters)}); "
+                "unregister one or build the manager with a larger max_adapters"
+            )
+        ad = adapter if isinstance(adapter, LoraAdapter) else load_lora_adapter(adapter, name)
+        ad.validate()
+        if ad.rank > self.max_rank:
+            raise ValueError(
+                f"adapter {name!r} has rank={ad.rank}; this manager accepts rank <= max_rank={self.max_rank}"
+            )
+        if ad.num_layers > self.num_layers:
+            raise ValueError(
+                f"adapter {name!r} has weights for {ad.num_layers} layers; the draft model has "
+                f"{self.num_layers}"
+            )
+        expect = {}
+        for fused, (d_in, outs) in self.shapes.items():
+            for part, d_out in zip(FUSED[fused], outs, strict=True):
+                expect[part] = (d_in, d_out)
+        for (layer, module), (a, b) in ad.weights.items():
+            d_in, d_out = expect[module]
+            if a.shape[0] != d_in or b.shape[1] != d_out:
+                raise ValueError(
+                    f"adapter {name!r} layers.{layer}.{module}: A {tuple(a.shape)} and B {tuple(b.shape)} "
+                    f"do not fit the draft's {module} ({d_in} -> {d_out}): expected A [{d_in}, {ad.rank}] "
+                    f"and B [{ad.rank}, {d_out}]"
+                )
+        slot = free[0]
+        self._write_slot(slot, ad)
+        self._scale[slot] = ad.scale
+        self._slots[name] = slot
+        self._adapters[name] = ad
+        return slot
+
+    def unregister(self, name: str) -> None:
+        """Free ``name``'s slot; requests mapped to it draft with no adapter from then on.
+
+        Raises
+        ------
+        KeyError
+            If ``name`` is not registered.
+        """
+        if name not in self._slots:
+            raise KeyError(
+                f"adapter {name!r} is not registered; registered: {', '.join(self.adapters)}"
+            )
+        slot = self._slots.pop(name)
+        self._adapters.pop(name)
+        for key in self._a:
+            self._a[key][slot].zero_()
+            self._b[key][slot].zero_()
+        self._scale[slot] = 0.0
+        for rid in [r for r, a in self._req_adapter.items() if a == name]:
+            del self._req_adapter[rid]
+
+    def _write_slot(self, slot: int, ad: LoraAdapter) -> None:
+        r, mr = ad.rank, self.max_rank
+        for i in range(self.num_layers):
+            for fused, (_d_in, outs) in self.shapes.items():
+                a_stack, b_stack = self._a[i, fused], self._b[i, fused]
+                a_stack[slot].zero_()
+                b_stack[slot].zero_()
+                col = 0
+                for j, (part, d_out) in enumerate(zip(FUSED[fused], outs, strict=True)):
+                    pair = ad.weights.get((i, part))
+                    if pair is not None:
+                        a, b = pair
+                        a_stack[slot, :, j * mr : j * mr + r] = a.to(self.device, self.dtype)
+                        b_stack[slot, j * mr : j * mr + r, col : col + d_out] = b.to(
+                            self.device, self.dtype
+                        )
+                    col += d_out
+
+    # -- per-request mapping ------------------------------------------------------------------
+    def set_request_adapter(self, req_id: str, name: str | None) -> None:
+        """Draft request ``req_id`` with adapter ``name`` (``None``: the base draft) from the next
+        drafter pass on.
+
+        Raises
+        ------
+        KeyError
+            If ``name`` is not registered.
+        """
+        if name is None:
+            self._req_adapter.pop(req_id, None)
+            return
+        if name not in self._slots:
+            raise KeyError(
+                f"adapter {name!r} is not registered; registered: {', '.join(self.adapters) or 'none'}"
+            )
+        self._req_adapter[req_id] = name
+
+    def request_adapter(self, req_id: str) -> str | None:
+        """The adapter the next drafter pass uses for ``req_id`` (``None``: base draft)."""
+        return self._req_adapter.get(req_id)
+
+    def adapter_of_last_drafts(self, req_id: str) -> str | None:
+        """The adapter that made ``req_id``'s most recent drafts (``None``: base draft or none made)."""
+        return self._last_drafts_adapter.get(req_id)
+
+    def release(self, req_id: str) -> None:
+        """Forget a finished request."""
+        self._req_adapter.pop(req_id, None)
+        self._last_drafts_adapter.pop(req_id, None)
+
+    # -- vLLM hooks ---------------------------------------------------------------------------
+    def _attach(self) -> None:
+        drafter = self.drafter
+        orig_build = drafter.build_per_group_and_layer_attn_metadata
+        orig_propose = drafter.propose
+        mgr = self
+
+        def build_per_group_and_layer_attn_metadata(cad: Any, *args: Any, **kwargs: Any) -> Any:
+            mgr._set_indices(cad)
+            return orig_build(cad, *args, **kwargs)
+
+        def propose(*args: Any, **kwargs: Any) -> Any:
+            mgr._first_pass = True
+            try:
+                return orig_propose(*args, **kwargs)
+            finally:
+                mgr._indices = None
+                mgr._first_pass = False
+
+        self._patch(
+            drafter,
+            "build_per_group_and_layer_attn_metadata",
+            build_per_group_and_layer_attn_metadata,
+        )
+        self._patch(drafter, "propose", propose)
+        self._patch(self._inner, "do_not_compile", True)
+        for i, layer in enumerate(self._layers):
+            for fused in FUSED:
+                mod = _get(layer, fused)
+                self._handles.append(mod.register_forward_hook(self._hook(i, fused)))
+        self._attached = True
+
+    def _patch(self, obj: Any, name: str, new: Any) -> None:
+        had = name in vars(obj)
+        self._restore.append((obj, name, had, vars(obj).get(name)))
+        setattr(obj, name, new)
+
+    def detach(self) -> None:
+        """Remove the hooks and restore the drafter; idempotent."""
+        if not self._attached:
+            return
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        for obj, name, had, old in reversed(self._restore):
+            if had:
+                setattr(obj, name, old)
+            else:
+                delattr(obj, name)
+        self._restore.clear()
+        self._indices = None
+        self._attached = False
+
+    def __enter__(self) -> LoraDraftManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    def _set_indices(self, cad: Any) -> None:
+        bs = int(cad.num_reqs)
+        req_ids = list(self.runner.input_batch.req_ids[:bs])
+        if len(req_ids) != bs:
+            raise RuntimeError(
+                f"drafter batch has {bs} requests but the runner's input batch lists {len(req_ids)}"
+            )
+        names = [self._req_adapter.get(r) for r in req_ids]
+        if self._first_pass:
+            # First drafter pass of a step: remember which adapter makes each request's drafts.
+            self._first_pass = False
+            for r, n in zip(req_ids, names, strict=True):
+                if n is None:
+                    self._last_drafts_adapter.pop(r, None)
+                else:
+                    self._last_drafts_adapter[r] = n
+        if not any(names):
+            self._indices = None
+            return
+        slots = torch.tensor(
+            [self._slots[n] if n is not None else -1 for n in names], dtype=torch.int64
+        )
+        qsl = cad.query_start_loc_cpu[: bs + 1].to(torch.int64)
+        counts = qsl[1:] - qsl[:-1]
+        self._indices = torch.repeat_interleave(slots, counts).to(self.device)
+
+    def _hook(self, layer: int, fused: str) -> Any:
+        def hook(module: Any, inputs: tuple[Any, ...], output: Any) -> Any:
+            idx = self._indices
+            if idx is None:
+                return output
+            from adaptive_spec.kernels import lora_bgmv
+
+            x = inputs[0]
+            y = output[0] if isinstance(output, tuple) else output
+            t = x.shape[0]
+            if idx.shape[0] < t:
+                idx = torch.cat(
+                    [idx, torch.full((t - idx.shape[0],), -1, dtype=idx.dtype, device=idx.device)]
+                )
+            elif idx.shape[0] > t:
+                idx = idx[:t]
+            lora_bgmv(
+                y,
+                x,
+                self._a[layer, fused],
+                self._b[layer, fused],
+                idx,
+                self._scale,
+                backend=self.backend,
+            )
+            return output
+
+        return hook
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def lora_delta_reference(
+    x: torch.Tensor, adapter: LoraAdapter, layer: int, module: str
+) -> torch.Tensor:
+    """``scale * (x @ A) @ B`` for one module of one layer, in float32 (a dense reference for tests).
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        float [T, d_in].
+
+    Raises
+    ------
+    KeyError
+        If the adapter has no weights for ``(layer, module)``.
+    """
+    a, b = adapter.weights[layer, module]
+    return (x.float() @ a.float() @ b.float()) * adapter.scale
+
+
+def adapters_from_dirs(
+    dirs: dict[str, str | Path] | Sequence[str | Path],
+) -> dict[str, LoraAdapter]:
+    """Load several adapters: ``{name: dir}`` or a list of directories (names from their JSON)."""
+    if isinstance(dirs, dict):
+        return {n: load_lora_adapter(d, n) for n, d in dirs.items()}
+    out = {}
+    for d in dirs:
+        ad = load_lora_adapter(d)
+        out[ad.name] = ad
+    return out
