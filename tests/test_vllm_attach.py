@@ -202,3 +202,18 @@ def test_trace_written(tiny_llm, reference, tmp_path):
         for r in s["requests"]:
             by_req.setdefault(r["req_id"], []).extend(r["emitted_token_ids"])
     assert sorted(map(tuple, by_req.values())) == sorted(map(tuple, ref))
+
+
+def test_category_stats_charge_finished_requests(tiny_llm, reference):
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    prompts, _ = reference
+    with AdaptiveSpec(
+        tiny_llm, ["none", "ngram"], category_of=lambda ids: f"c{len(ids) % 2}"
+    ) as spec:
+        _generate(tiny_llm, prompts, max_tokens=8)
+    cats = spec.stats()["by_category"]
+    assert set(cats) <= {"c0", "c1"}, (
+        cats
+    )  # no "all" bucket for time charged after a request finished
+    assert all(c["goodput_tok_s"] > 0 for c in cats.values())

@@ -490,6 +490,9 @@ class AdaptiveSpec:
         verified = sum(pre["spec"].values())
         outcomes: list[RequestOutcome] = []
         rows: list[dict[str, Any]] = []
+        step_categories: dict[
+            str, str
+        ] = {}  # kept here: finished requests are released in the loop
         for rid, (r, n_before) in reqs.items():
             if rid not in self._tokens:
                 self._tokens[rid] = _TokenBuffer(r.prompt_token_ids or [])
@@ -511,6 +514,7 @@ class AdaptiveSpec:
                             "max_tokens": r.max_tokens,
                         }
                     )
+            step_categories[rid] = self._category.get(rid) or "all"
             emitted = list(r.output_token_ids[n_before:])
             self._tokens[rid].extend(emitted)
             finished = r.is_finished()
@@ -568,8 +572,7 @@ class AdaptiveSpec:
         # Charge each request-step an equal share of the step's wall time.
         share = step_time / batch if batch and step_time > 0 else 0.0
         for rid in reqs:
-            cat = self._category.get(rid) or "all"
-            self.metrics.by_category[cat].time_s += share
+            self.metrics.by_category[step_categories.get(rid) or "all"].time_s += share
         for o in outcomes:
             key = str(o.arm) if o.drafted > 0 else "none"
             self.metrics.by_arm[key].time_s += share
