@@ -156,6 +156,13 @@ class SpecPolicy(ABC):
     def load_state_dict(self, state: dict) -> None:  # noqa: B027 (optional hook)
         """Restore learned state (default: nothing)."""
 
+    def drafter_preference(self, req_id: str, candidates: list[str]) -> str | None:
+        """Which draft-model proposer (``draft`` or ``lora:<name>``) should make ``req_id``'s next
+        drafts: the engine's drafter runs once per step with one adapter per request, so only the chosen
+        one's drafts exist at the next decision. ``None`` (the default) leaves the choice to the caller
+        (keep the adapter of the chosen arm, else the current one)."""
+        return None
+
 
 @dataclass(slots=True)
 class _ReqState:
@@ -164,6 +171,8 @@ class _ReqState:
     # Pending decision: per proposer, (full draft, feature row without position) at decision time.
     pending: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     pending_temperature: float = 0.0
+    # Request features of the latest decision (for choosing the next drafter adapter).
+    rf: np.ndarray | None = None
 
 
 def matched_prefix(draft: np.ndarray, emitted: list[int] | np.ndarray) -> int:
@@ -337,6 +346,7 @@ class AdaptiveController(SpecPolicy):
                 st = self._req[r.req_id] = _ReqState()
             states.append(st)
             rf = self._request_features(r, st, view)
+            st.rf = rf
             feats.append([float(v) for v in rf])
             st.pending = {}
             st.pending_temperature = float(r.temperature)
@@ -484,6 +494,30 @@ class AdaptiveController(SpecPolicy):
 
     def num_tracked_requests(self) -> int:
         return len(self._req)
+
+    def drafter_preference(self, req_id: str, candidates: list[str]) -> str | None:
+        """Thompson sampling (UCB / posterior mean in those modes) over the draft-model proposers:
+        the candidate with the largest sampled expected accepted length at ``max_k`` for this request
+        (its latest request features and its acceptance history with each candidate; an untried
+        candidate starts at the prior). Candidates not in this controller's proposers are ignored;
+        returns ``None`` when none is left."""
+        cands = [p for p in candidates if p in self.models]
+        if not cands:
+            return None
+        if len(cands) == 1:
+            return cands[0]
+        st = self._req.get(req_id) or _ReqState()
+        rf = st.rf
+        if rf is None:
+            rf = np.zeros(len(REQUEST_FEATURES))
+            rf[0] = 1.0
+            rf[-1] = st.ema_all
+        scores = []
+        for p in cands:
+            base = np.concatenate([rf, [st.ema.get(p, 0.5), 1.0, 0.0]])
+            a = self._acceptance(p, base[None, :])[0]
+            scores.append(float(np.cumprod(a).sum()))
+        return cands[int(np.argmax(scores))]
 
     def estimated_acceptance(self) -> dict[str, float]:
         """Posterior-mean first-position acceptance per proposer for a neutral request (for metrics)."""

@@ -190,3 +190,37 @@ def test_bad_configuration():
         make_policy("static:ngram:9", ["ngram"], 4)
     p = make_policy("table:ngram:1-2=4,3-8=2", ["ngram"], 4)
     assert p.k_for(1) == 4 and p.k_for(5) == 2 and p.k_for(9) == 0
+
+
+def test_drafter_preference_learns_the_best_adapter_per_request():
+    """Only one draft-model proposer drafts per step (vLLM's drafter runs once); the controller picks
+    it by Thompson sampling and ends up on the adapter whose drafts the target accepts."""
+    family = ["draft", "lora:code", "lora:math"]
+    ctrl = AdaptiveController(["none", *family], 4, seed=1)
+    accept = {"draft": 0.3, "lora:code": 0.9, "lora:math": 0.05}
+    rng = np.random.default_rng(0)
+    current = "draft"
+    picks = []
+    for t in range(300):
+        nxt = rng.integers(0, 1000, size=5)
+        acc = rng.random(4) < accept[current]
+        d = np.where(acc, nxt[:4], (nxt[:4] + 1) % 1000)
+        view = RequestView("r0", t, 1000, 0.0, {current: d})
+        arm = ctrl.decide(StepView([view], batch_size=1)).arms[0]
+        if arm.k:
+            m = matched_prefix(v := view.drafts[arm.proposer][: arm.k], nxt)
+            out = RequestOutcome("r0", arm, len(v), m, list(nxt[: m + 1]))
+        else:
+            out = RequestOutcome("r0", arm, 0, 0, list(nxt[:1]))
+        ctrl.observe(StepOutcome([out], 0.03, 1, arm.k))
+        current = ctrl.drafter_preference("r0", family)
+        assert current in family
+        picks.append(current)
+    assert set(picks[:100]) == set(family)  # every adapter is tried
+    assert picks[-100:].count("lora:code") >= 90, picks[-100:]
+    # Unknown candidates are ignored; none left gives None; the base class leaves the choice open.
+    assert ctrl.drafter_preference("r0", ["lora:other", "draft"]) == "draft"
+    assert ctrl.drafter_preference("r0", ["lora:other"]) is None
+    assert (
+        make_policy("static:ngram:2", ["none", "ngram"], 4).drafter_preference("r0", family) is None
+    )

@@ -291,6 +291,48 @@ def test_refusals_and_detach(engine, adapters):
         assert not layer.self_attn.qkv_proj._forward_hooks
 
 
+@inner
+def test_adaptive_spec_lora_arms(engine, prompts, reference, adapters):
+    """``lora:<name>`` arms in AdaptiveSpec: greedy identity with the controller switching each request's
+    drafter adapter, every adapter tried, the base draft (identical to the target here) learnt to be the
+    best drafter, refusals, and detach removing the adapters' hooks."""
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    drafter = engine.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.drafter
+    with pytest.raises(
+        ValueError, match=r"proposer='lora:nope' has no adapter: lora_adapters has code"
+    ):
+        AdaptiveSpec(engine, ["none", "lora:nope"], lora_adapters={"code": adapters["code"]})
+    assert not drafter.model.model.layers[0].self_attn.qkv_proj._forward_hooks
+    props = ["none", "draft", "lora:code", "lora:math"]
+    drafted = {p: 0 for p in props[1:]}
+    accepted = {p: 0 for p in props[1:]}
+    spec = AdaptiveSpec(engine, props, policy="adaptive", lora_adapters=adapters, seed=3)
+    try:
+        assert spec.lora is not None and spec.lora.adapters == ("code", "math")
+        for _ in range(3):
+            out, _ = _generate(engine, prompts)
+            assert out == reference  # greedy identity whatever drafter made each request's drafts
+        st = spec.stats()
+        assert spec.faults == 0, spec.last_fault
+    finally:
+        spec.detach()
+    for p in drafted:
+        drafted[p] = st["by_proposer"].get(p, {}).get("drafted", 0)
+        accepted[p] = st["by_proposer"].get(p, {}).get("accepted", 0)
+    assert all(drafted[p] > 0 for p in drafted), drafted  # every adapter was explored
+    # The base draft is the target itself; its drafts miss only where the draft's KV cache still holds
+    # entries computed under an adapter the request had before. Adapted drafts miss far more often.
+    rate = {p: accepted[p] / drafted[p] for p in drafted}
+    assert rate["draft"] > 0.5 and rate["draft"] > 2 * max(rate["lora:code"], rate["lora:math"]), (
+        rate
+    )
+    # The controller learns that the base draft drafts best and uses it for most draft tokens.
+    assert drafted["draft"] > drafted["lora:code"] + drafted["lora:math"], (drafted, accepted)
+    assert not drafter.model.model.layers[0].self_attn.qkv_proj._forward_hooks
+    assert "propose" not in vars(drafter)
+
+
 def test_manager_refuses_engine_without_draft_model():
     from adaptive_spec.lora_draft import LoraDraftManager
 

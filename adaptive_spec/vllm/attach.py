@@ -30,7 +30,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -146,8 +146,16 @@ class AdaptiveSpec:
     llm : vllm.LLM
         Built with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine core in this process).
     proposers : sequence of str
-        Arms' proposers among ``none``, ``ngram``, ``jacobi`` and ``draft`` (the engine's draft model; needs
-        a draft-model engine).
+        Arms' proposers among ``none``, ``ngram``, ``jacobi``, ``draft`` (the engine's draft model; needs
+        a draft-model engine) and ``lora:<name>`` (the draft model with LoRA adapter ``name`` from
+        ``lora_adapters``; needs ``method="draft_model"``).
+    lora_adapters : mapping, optional
+        Adapter name -> adapter directory (:func:`adaptive_spec.lora_draft.save_lora_adapter`) or
+        :class:`~adaptive_spec.lora_draft.LoraAdapter`, for the ``lora:<name>`` proposers. They are
+        installed in the engine's drafter through a :class:`~adaptive_spec.lora_draft.LoraDraftManager`
+        (Punica-style BGMV, one adapter per request in the same drafter pass). The drafter runs once per
+        step, so each request's next drafts come from one of ``draft`` / ``lora:<name>``: the policy
+        picks which (:meth:`~adaptive_spec.controller.SpecPolicy.drafter_preference`).
     policy : str or SpecPolicy
         A name understood by :func:`adaptive_spec.policies.make_policy` (default ``"adaptive"``) or a
         policy object.
@@ -169,7 +177,9 @@ class AdaptiveSpec:
         For an engine it cannot drive: another vLLM version, a multiprocess engine core, the V2 model
         runner, no speculative config, or an unsupported speculative method.
     ValueError
-        For an unknown proposer or policy name, or ``draft`` without a draft model.
+        For an unknown proposer or policy name, ``draft`` without a draft model, ``lora:<name>``
+        without adapter ``name`` in ``lora_adapters`` or without a ``draft_model`` engine, or an adapter
+        that does not fit the draft (rank, layers or shapes; raised at registration).
     """
 
     def __init__(
@@ -184,6 +194,7 @@ class AdaptiveSpec:
         seed: int = 0,
         ngram_min: int = 2,
         ngram_max: int = 4,
+        lora_adapters: Mapping[str, Any] | None = None,
     ) -> None:
         import vllm
 
@@ -216,12 +227,20 @@ class AdaptiveSpec:
             raise ValueError(
                 "proposers=[] is invalid; allowed: a non-empty subset of none, ngram, jacobi, draft"
             )
+        lora_adapters = dict(lora_adapters or {})
         for p in proposers:
             check_proposer_name(p)
             if p.startswith("lora:"):
-                raise ValueError(
-                    f"proposer={p!r}: LoRA drafts are not available in this build of adaptive-spec"
-                )
+                if spec_config.method != "draft_model":
+                    raise ValueError(
+                        f"proposer={p!r} needs an engine built with method='draft_model' (LoRA adapters "
+                        f"apply to its draft model); this engine uses method={spec_config.method!r}"
+                    )
+                if p.removeprefix("lora:") not in lora_adapters:
+                    raise ValueError(
+                        f"proposer={p!r} has no adapter: lora_adapters has "
+                        f"{', '.join(sorted(lora_adapters)) or 'none'}"
+                    )
         if "draft" in proposers and spec_config.method not in DRAFT_METHODS:
             raise ValueError(
                 f"proposer='draft' needs an engine built with a draft model (method in {', '.join(DRAFT_METHODS)}); "
@@ -263,6 +282,29 @@ class AdaptiveSpec:
                 ) from None
         if "jacobi" in proposers:
             self.proposers["jacobi"] = JacobiProposer(max_k=self.max_k)
+        # Draft-model proposers: the base draft and its LoRA adapters share the engine's one drafter.
+        self.drafter_family = [p for p in proposers if p == "draft" or p.startswith("lora:")]
+        self.lora = None
+        used = {p.removeprefix("lora:") for p in proposers if p.startswith("lora:")}
+        if used:
+            from adaptive_spec.lora_draft import LoraAdapter, LoraDraftManager, load_lora_adapter
+
+            loaded = {
+                n: a if isinstance(a, LoraAdapter) else load_lora_adapter(a, n)
+                for n, a in lora_adapters.items()
+                if n in used
+            }
+            self.lora = LoraDraftManager(
+                core,
+                max_rank=max(a.rank for a in loaded.values()),
+                max_adapters=len(loaded),
+            )
+            try:
+                for n, a in loaded.items():
+                    self.lora.register(n, a)
+            except BaseException:
+                self.lora.detach()
+                raise
         self.category_of = category_of
         self.metrics = SpecMetrics()
         self.tracer: TraceWriter | None = None
@@ -402,6 +444,8 @@ class AdaptiveSpec:
                 with contextlib.suppress(AttributeError):
                     delattr(obj, name)
         self._originals.clear()
+        if self.lora is not None:
+            self.lora.detach()
         self._attached = False
         if self.policy_state_path is not None:
             self.save_state()
@@ -617,6 +661,8 @@ class AdaptiveSpec:
         self._step_start = None
 
     def _release(self, rid: str) -> None:
+        if self.lora is not None:
+            self.lora.release(rid)
         self._tokens.pop(rid, None)
         self._category.pop(rid, None)
         self._chosen.pop(rid, None)
@@ -695,11 +741,13 @@ class AdaptiveSpec:
             for v, pr, d in zip(views, preqs, out, strict=True):
                 v.drafts[name] = np.asarray(d, dtype=np.int64)
                 v.match_lengths[name] = int(prop.match_length(pr)) if len(d) else 0
-        if "draft" in self.proposer_names:
+        if self.drafter_family:
             for v in views:
                 d = engine.get(v.req_id)
                 if d:
-                    v.drafts["draft"] = np.asarray(d[: self.max_k], dtype=np.int64)
+                    src = self._drafts_source(v.req_id)
+                    if src in self.drafter_family:
+                        v.drafts[src] = np.asarray(d[: self.max_k], dtype=np.int64)
         decision = self.policy.decide(
             StepView(views, batch_size=len(sched.running), queue_len=len(sched.waiting))
         )
@@ -721,7 +769,27 @@ class AdaptiveSpec:
             self._chosen[v.req_id] = (arm, prop, feats, cf)
             req_ids.append(v.req_id)
             drafts.append(chosen)
+            if self.lora is not None:
+                self._set_next_drafter(v.req_id, arm)
         return req_ids, drafts
+
+    def _drafts_source(self, rid: str) -> str:
+        """The proposer whose drafts the engine's drafter made for ``rid`` this step."""
+        if self.lora is None:
+            return "draft"
+        name = self.lora.adapter_of_last_drafts(rid)
+        return "draft" if name is None else f"lora:{name}"
+
+    def _set_next_drafter(self, rid: str, arm: Arm) -> None:
+        """Choose the adapter of ``rid``'s next drafter pass (see ``lora_adapters``)."""
+        pick = self.policy.drafter_preference(rid, list(self.drafter_family))
+        if pick not in self.drafter_family:
+            if arm.proposer in self.drafter_family:
+                pick = arm.proposer
+            else:
+                cur = self.lora.request_adapter(rid)
+                pick = f"lora:{cur}" if cur is not None else self.drafter_family[0]
+        self.lora.set_request_adapter(rid, None if pick == "draft" else pick.removeprefix("lora:"))
 
     # -- results ------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
