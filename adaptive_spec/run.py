@@ -61,10 +61,24 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--proposers",
         default="none,ngram,jacobi",
-        help="comma-separated proposers the controller may choose: none, ngram, jacobi, draft (default none,ngram,jacobi)",
+        help="comma-separated proposers the controller may choose: none, ngram, jacobi, draft (the draft "
+        "model), lora:<name> (the draft model with LoRA adapter <name>), lora (every available adapter) "
+        "(default none,ngram,jacobi; draft and lora load the shipped distilled draft unless --draft-model "
+        "is given)",
     )
     p.add_argument(
-        "--draft-model", default=None, help="draft model directory (enables the 'draft' proposer)"
+        "--draft-model",
+        default=None,
+        help="draft model directory for the draft/lora proposers (default: the shipped draft for the "
+        "embedded model, assembled into the cache on first use)",
+    )
+    p.add_argument(
+        "--lora-adapter",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="a LoRA adapter for the draft (repeatable; adds to the shipped draft's adapters code, math, "
+        "chat when the shipped draft is used)",
     )
     p.add_argument(
         "--seed", type=int, default=0, help="seed of the engine and the policy (default 0)"
@@ -128,6 +142,59 @@ def setup_logging(verbose: bool) -> None:
     )
 
 
+def resolve_drafts(
+    args: argparse.Namespace, proposers: list[str]
+) -> tuple[list[str], dict[str, Any]]:
+    """Expand ``lora`` into ``lora:<name>`` per available adapter, set ``args.draft_model`` to the shipped
+    draft when a draft proposer needs one and none was given, and return the proposers and the adapters
+    (name -> directory).
+
+    Raises
+    ------
+    ValueError
+        For a malformed ``--lora-adapter``, ``lora`` with no adapter available, a ``lora:<name>`` with no
+        such adapter, or a draft proposer with ``--model`` but no ``--draft-model``.
+    """
+    from adaptive_spec.lora_draft import check_adapter_name
+
+    adapters: dict[str, Any] = {}
+    for item in getattr(args, "lora_adapter", None) or []:
+        name, sep, path = item.partition("=")
+        if not sep or not path:
+            raise ValueError(f"--lora-adapter={item!r} is invalid; expected NAME=DIR")
+        check_adapter_name(name)
+        if not Path(path).is_dir():
+            raise ValueError(f"--lora-adapter={item!r}: {path!r} is not a directory")
+        adapters[name] = Path(path)
+    wants_draft = any(p == "draft" or p == "lora" or p.startswith("lora:") for p in proposers)
+    if wants_draft and not args.draft_model:
+        if args.model:
+            raise ValueError(
+                f"--proposers={','.join(proposers)} with --model={args.model!r} needs --draft-model "
+                "(the shipped draft fits the embedded model only)"
+            )
+        from adaptive_spec.drafts import default_draft_path, shipped_adapters
+
+        args.draft_model = str(default_draft_path(args.dtype))
+        adapters = {**shipped_adapters(), **adapters}
+    out: list[str] = []
+    for p in proposers:
+        if p == "lora":
+            if not adapters:
+                raise ValueError(
+                    "--proposers includes 'lora' but no LoRA adapter is available: give --lora-adapter NAME=DIR"
+                )
+            out += [f"lora:{n}" for n in adapters]
+        else:
+            out.append(p)
+    for p in out:
+        if p.startswith("lora:") and p.removeprefix("lora:") not in adapters:
+            raise ValueError(
+                f"proposer {p!r} has no adapter; available: {', '.join(sorted(adapters)) or 'none'}"
+            )
+    return list(dict.fromkeys(out)), adapters
+
+
 def build_engine(args: argparse.Namespace, proposers: list[str]) -> Any:
     from adaptive_spec.engine import build_llm
 
@@ -176,6 +243,11 @@ def main(args: argparse.Namespace) -> int:
 
     console = Console(width=None if sys.stdout.isatty() else 160)
     proposers = [p.strip() for p in args.proposers.split(",") if p.strip()]
+    try:
+        proposers, adapters = resolve_drafts(args, proposers)
+    except (ValueError, FileNotFoundError) as e:
+        console.print(f"[red]adaptive-spec run: error:[/] {e}")
+        return 2
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = load_workload(args.workload, args.prompts, seed=args.seed)
@@ -201,7 +273,7 @@ def main(args: argparse.Namespace) -> int:
         logprobs=want_logprobs,
     )
     # Warm-up (not measured): the first steps of a new engine run slower.
-    warm = AdaptiveSpec(llm, proposers, policy="none")
+    warm = AdaptiveSpec(llm, proposers, policy="none", lora_adapters=adapters)
     llm.generate(
         [{"prompt_token_ids": token_ids[0]}],
         SamplingParams(temperature=0, max_tokens=16),
@@ -213,7 +285,9 @@ def main(args: argparse.Namespace) -> int:
     baseline_outs = None
     if args.compare_static:
         console.print("[bold]1/2[/] speculation off (same engine, every request k = 0)")
-        base = AdaptiveSpec(llm, proposers, policy="none", category_of=category_of)
+        base = AdaptiveSpec(
+            llm, proposers, policy="none", category_of=category_of, lora_adapters=adapters
+        )
         baseline_outs, wall = generate(llm, token_ids, params)
         base.detach()
         n_tok = sum(len(o.outputs[0].token_ids) for o in baseline_outs)
@@ -233,6 +307,7 @@ def main(args: argparse.Namespace) -> int:
         policy_state=args.state,
         category_of=category_of,
         seed=args.seed,
+        lora_adapters=adapters,
     )
     outs, wall = generate(llm, token_ids, params)
     spec.detach()

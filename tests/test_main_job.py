@@ -51,3 +51,46 @@ def test_run_compare_static_real_model(tmp_path: Path, default_model_dir: Path) 
     lines = (out / "trace.jsonl").read_text().splitlines()
     assert json.loads(lines[0])["schema"] == "adaptive-spec-trace"
     assert any('"type":"step"' in ln for ln in lines)
+
+
+def test_run_with_shipped_draft_and_lora_arms(tmp_path: Path, default_model_dir: Path) -> None:
+    """``--proposers none,ngram,jacobi,draft,lora`` loads the shipped draft and its adapters into the
+    main job; output stays identical to speculation off (greedy)."""
+    out = tmp_path / "run"
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "adaptive_spec.cli",
+            "run",
+            "--prompts",
+            "4",
+            "--max-tokens",
+            "24",
+            "--proposers",
+            "none,ngram,jacobi,draft,lora",
+            "--compare-static",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    res = summary["results"]
+    ident = res["greedy_identity"]
+    assert ident["total"] == 4 and ident["violations"] == 0, ident
+    header = json.loads((out / "trace.jsonl").read_text().splitlines()[0])
+    props = header["proposers"]
+    assert "draft" in props and {"lora:code", "lora:math", "lora:chat"} <= set(props), props
+    # The draft-model proposers made drafts the controller could verify.
+    by_prop = res["adaptive"]["stats"]["by_proposer"]
+    assert any(
+        p in by_prop and by_prop[p]["drafted"] > 0
+        for p in props
+        if p not in ("none", "ngram", "jacobi")
+    ), by_prop

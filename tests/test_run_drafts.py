@@ -1,0 +1,59 @@
+"""``adaptive-spec run``: resolving the draft and LoRA proposers from the command line."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from adaptive_spec.lora_draft import LORA_MODULES, LoraAdapter, save_lora_adapter
+from adaptive_spec.run import resolve_drafts
+
+
+def _args(**kw) -> argparse.Namespace:
+    base = {"model": None, "dtype": "bfloat16", "draft_model": None, "lora_adapter": []}
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def _adapter(d: Path, name: str) -> Path:
+    import torch
+
+    w = {(0, m): (torch.zeros(8, 2), torch.zeros(2, 8)) for m in LORA_MODULES}
+    return save_lora_adapter(LoraAdapter(name, 2, 4.0, w), d / name)
+
+
+def test_no_draft_proposers_leave_everything_alone():
+    args = _args()
+    props, adapters = resolve_drafts(args, ["none", "ngram", "jacobi"])
+    assert props == ["none", "ngram", "jacobi"] and adapters == {} and args.draft_model is None
+
+
+def test_lora_expands_to_every_given_adapter(tmp_path):
+    a, b = _adapter(tmp_path, "code"), _adapter(tmp_path, "math")
+    args = _args(draft_model=str(tmp_path), lora_adapter=[f"code={a}", f"math={b}"])
+    props, adapters = resolve_drafts(args, ["none", "draft", "lora", "lora:code"])
+    assert props == ["none", "draft", "lora:code", "lora:math"]
+    assert adapters == {"code": a, "math": b}
+
+
+@pytest.mark.parametrize(
+    ("kw", "proposers", "fragment"),
+    [
+        (
+            {"lora_adapter": ["code"]},
+            ["none"],
+            "--lora-adapter='code' is invalid; expected NAME=DIR",
+        ),
+        ({"lora_adapter": ["code=/nonexistent"]}, ["none"], "'/nonexistent' is not a directory"),
+        ({"lora_adapter": ["bad name=/tmp"]}, ["none"], "adapter name='bad name'"),
+        ({"draft_model": "/tmp"}, ["lora"], "no LoRA adapter is available"),
+        ({"draft_model": "/tmp"}, ["lora:code"], "proposer 'lora:code' has no adapter"),
+        ({"model": "/some/model"}, ["draft"], "needs --draft-model"),
+    ],
+)
+def test_refusals_name_the_flag(kw, proposers, fragment):
+    with pytest.raises(ValueError) as e:
+        resolve_drafts(_args(**kw), proposers)
+    assert fragment in str(e.value)
