@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,18 @@ def _draft_path(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return str(path), None
 
 
+def _lora_adapters(args: argparse.Namespace, draft_path: str | None) -> dict[str, str]:
+    """LoRA adapters of the draft (name -> directory): the shipped ones when the shipped draft is used."""
+    if draft_path is None or args.draft_model:
+        return {}
+    from adaptive_spec.drafts import shipped_adapters
+
+    try:
+        return {n: str(p) for n, p in shipped_adapters().items()}
+    except FileNotFoundError:
+        return {}
+
+
 def build_plan(args: argparse.Namespace, draft: bool) -> tuple[list[Cell], str]:
     """Cells to run and the mode (``quick``, ``full`` or ``custom``), with the overrides applied.
 
@@ -261,25 +274,30 @@ def _run_worker(
     cmd = [sys.executable, "-m", WORKER_MODULES[group], str(spec_path), str(out_path)]
     console.print(f"[bold]{group}[/]: starting worker ({len(spec['cells'])} cells); log {log_path}")
     t0 = time.perf_counter()
-    rc: int | None = None
     with log_path.open("w", encoding="utf-8") as log:
         proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
-        assert proc.stdout is not None
-        try:
+
+        def pump() -> None:
+            assert proc.stdout is not None
             for line in proc.stdout:
                 log.write(line)
                 log.flush()
                 if verbose or line.startswith(f"[{group}]"):
                     console.print(line.rstrip("\n"), markup=False, highlight=False)
-                if timeout is not None and time.perf_counter() - t0 > timeout:
-                    proc.kill()
-                    break
-            rc = proc.wait(timeout=60)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             rc = proc.wait()
+            console.print(
+                f"[red]{group}: worker killed after {timeout:.0f} s (--worker-timeout)[/]"
+            )
+        reader.join(timeout=10)
     info: dict[str, Any] = {
         "returncode": rc,
         "wall_s": time.perf_counter() - t0,
@@ -379,7 +397,20 @@ def main(args: argparse.Namespace) -> int:
         draft_path, why = _draft_path(args)
         if why:
             notes.append(why)
+        lora_adapters = _lora_adapters(args, draft_path)
         cells, mode = build_plan(args, draft_path is not None)
+        wanted = {
+            p.removeprefix("static:").rpartition(":")[0].removeprefix("lora:")
+            for c in cells
+            for p in c.configs
+            if p.startswith("static:lora:")
+        }
+        missing = sorted(wanted - set(lora_adapters))
+        if missing:
+            raise ValueError(
+                f"--configs uses LoRA adapters {', '.join(missing)}, which the draft does not have "
+                f"(available: {', '.join(sorted(lora_adapters)) or 'none'})"
+            )
     except ValueError as e:
         console.print(f"[red]error:[/] {e}")
         return 2
@@ -503,7 +534,7 @@ def main(args: argparse.Namespace) -> int:
             merged[c.id]["dynamic_table"] = table
     draft_cells = engine_cells("draft", with_none=True)
     if draft_cells and draft_path:
-        run_group("draft", draft_cells, draft_model=draft_path)
+        run_group("draft", draft_cells, draft_model=draft_path, lora_adapters=lora_adapters)
     hf_cells = engine_cells("hf", with_none=False)
     if hf_cells:
         run_group("hf", hf_cells)

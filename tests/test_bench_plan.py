@@ -35,6 +35,8 @@ from adaptive_spec.workloads import CATEGORIES
         ("adaptive", "adaptive", "main", None, None),
         ("adaptive-warm", "adaptive", "main", None, None),
         ("adaptive+draft", "adaptive", "draft", None, None),
+        ("adaptive+lora", "adaptive", "draft", None, None),
+        ("static:lora:code:4", "static", "draft", "lora:code", 4),
         ("vllm-ngram", "vllm", "main", "ngram", 8),
         ("vllm-dynamic", "vllm", "dynamic", "ngram", None),
         ("hf-greedy", "hf", "hf", None, None),
@@ -52,6 +54,7 @@ def test_parse_config(name, kind, engine, proposer, k):
         ("static:ngram:9", "out of range"),
         ("static:ngram:0", "out of range"),
         ("static:lora:2", "proposer 'lora'"),
+        ("static:lora:bad name:2", "proposer 'lora:bad name'"),
         ("static:ngram:x", "k='x'"),
         ("smartspec:foo", "proposer 'foo'"),
         ("table:ngram", "expected e.g."),
@@ -124,7 +127,7 @@ def test_full_plan_covers_the_goals():
         assert c.configs[0] == "none"
     assert "draft" not in " ".join(g1.configs)
     with_draft = full_plan(draft=True)[0]
-    assert "static:draft:4" in with_draft.configs and "adaptive+draft" in with_draft.configs
+    assert {"static:draft:4", "adaptive+draft", "adaptive+lora"} <= set(with_draft.configs)
     assert "mtbench/c4/t0" in {c.id for c in full_plan(mt_bench=Path("x"))}
 
 

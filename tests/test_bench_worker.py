@@ -21,10 +21,12 @@ from adaptive_spec.benchmarks.worker import _max_model_len, config_proposers, ma
         ("adaptive", ["none", "ngram", "jacobi"]),
         ("adaptive-warm", ["none", "ngram", "jacobi"]),
         ("adaptive+draft", ["none", "ngram", "jacobi", "draft"]),
+        ("adaptive+lora", ["none", "ngram", "jacobi", "draft", "lora:code", "lora:math"]),
+        ("static:lora:code:4", ["none", "lora:code"]),
     ],
 )
 def test_each_configuration_enables_only_its_proposers(name, proposers):
-    assert config_proposers(name, "main") == proposers
+    assert config_proposers(name, "main", ["code", "math"]) == proposers
 
 
 @pytest.mark.parametrize(

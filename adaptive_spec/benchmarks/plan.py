@@ -19,6 +19,9 @@ name                        kind     engine    what runs
 ``adaptive-ucb`` (-greedy,  adaptive main      the controller with another exploration mode
 -eps)
 ``adaptive+draft``          adaptive draft     the controller with the draft model as a fourth proposer
+``adaptive+lora``           adaptive draft     the controller with the draft model and each of its LoRA
+                                               adapters (``lora:<name>`` arms; the shipped adapters)
+``static:lora:<name>:<k>``  static   draft     the draft model with LoRA adapter ``name``, fixed k
 ``vllm-ngram``              vllm     main      vLLM's own n-gram speculation, k = max_k, nothing attached
 ``vllm-dynamic``            vllm     dynamic   vLLM's own dynamic speculation
                                                (``num_speculative_tokens_per_batch_size``) in its own
@@ -36,6 +39,7 @@ interleaved.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,14 +48,17 @@ from adaptive_spec.workloads import CATEGORIES, WORKLOADS
 KINDS = ("baseline", "static", "peer", "adaptive", "vllm", "hf")
 ENGINES = ("main", "dynamic", "draft", "hf")
 STATIC_PROPOSERS = ("ngram", "jacobi", "draft")
+_LORA = re.compile(r"^lora:[A-Za-z0-9_.\-]+$")
 STATIC_KS = (1, 2, 4, 8)
+MAX_K = 16
 ADAPTIVE_NAMES = ("adaptive", "adaptive-ucb", "adaptive-greedy", "adaptive-eps")
 MT_BENCH_DEFAULT = Path("/work/shared/data/mt_bench/question.jsonl")
 MT_BENCH = "mtbench"
 
 CONFIG_HELP = (
-    "none, static:<ngram|jacobi|draft>:<k>, smartspec:<p>, banditspec:<p>, table:<p>:<s>-<e>=<k>,..., "
-    "adaptive, adaptive-warm, adaptive-ucb, adaptive-greedy, adaptive-eps, adaptive+draft, vllm-ngram, "
+    "none, static:<ngram|jacobi|draft|lora:<name>>:<k>, smartspec:<p>, banditspec:<p>, "
+    "table:<p>:<s>-<e>=<k>,..., adaptive, adaptive-warm, adaptive-ucb, adaptive-greedy, adaptive-eps, "
+    "adaptive+draft, adaptive+lora, vllm-ngram, "
     "vllm-dynamic, hf-greedy, hf-pld"
 )
 
@@ -68,14 +75,15 @@ class ConfigInfo:
     k: int | None = None
 
 
-def parse_config(name: str, max_k: int = 8) -> ConfigInfo:
+def parse_config(name: str, max_k: int = MAX_K) -> ConfigInfo:
     """Parse a configuration name (see the module docstring).
 
     Parameters
     ----------
     name : str
     max_k : int
-        The engines' ``num_speculative_tokens``: the largest k a static arm may use.
+        The engines' ``num_speculative_tokens``: the largest k a static arm may use (default 16, the
+        most :func:`adaptive_spec.engine.build_llm` accepts; the CLI passes ``--max-k``).
 
     Raises
     ------
@@ -88,7 +96,7 @@ def parse_config(name: str, max_k: int = 8) -> ConfigInfo:
         return ConfigInfo(name, "baseline", "main")
     if name in ADAPTIVE_NAMES or name == "adaptive-warm":
         return ConfigInfo(name, "adaptive", "main")
-    if name == "adaptive+draft":
+    if name in ("adaptive+draft", "adaptive+lora"):
         return ConfigInfo(name, "adaptive", "draft")
     if name == "vllm-ngram":
         return ConfigInfo(name, "vllm", "main", "ngram", max_k)
@@ -98,10 +106,11 @@ def parse_config(name: str, max_k: int = 8) -> ConfigInfo:
         return ConfigInfo(name, "hf", "hf", None if name == "hf-greedy" else "ngram")
     head, _, rest = name.partition(":")
     if head == "static":
-        prop, _, k_text = rest.partition(":")
-        if prop not in STATIC_PROPOSERS:
+        prop, _, k_text = rest.rpartition(":")
+        if prop not in STATIC_PROPOSERS and not _LORA.match(prop):
             raise ValueError(
-                f"config={name!r}: proposer {prop!r} is invalid; allowed: {', '.join(STATIC_PROPOSERS)}"
+                f"config={name!r}: proposer {prop!r} is invalid; allowed: {', '.join(STATIC_PROPOSERS)}, "
+                "lora:<name>"
             )
         try:
             k = int(k_text)
@@ -111,7 +120,8 @@ def parse_config(name: str, max_k: int = 8) -> ConfigInfo:
             ) from None
         if not 1 <= k <= max_k:
             raise ValueError(f"config={name!r}: k={k} is out of range; allowed: 1..{max_k}")
-        return ConfigInfo(name, "static", "draft" if prop == "draft" else "main", prop, k)
+        engine = "draft" if prop == "draft" or prop.startswith("lora:") else "main"
+        return ConfigInfo(name, "static", engine, prop, k)
     if head in ("smartspec", "banditspec"):
         if rest not in STATIC_PROPOSERS:
             raise ValueError(
@@ -216,7 +226,8 @@ def full_plan(
     """The full grid (about 40-60 minutes on 2 quiet cores; the design is in ``docs/benchmarks.md``).
 
     * mixed, c=4, greedy, 12 prompts (goal 1): every static arm, both peers, vLLM's own n-gram and its
-      tuned dynamic table, adaptive cold and warm (and the draft engine's arms when a draft exists);
+      tuned dynamic table, adaptive cold and warm (and, when a draft exists, the draft engine's static
+      arms and the controller with the draft and with the draft plus its LoRA adapters);
     * each category alone (HumanEval, GSM8K, ShareGPT, ACLSum, agent traces, MT-Bench), c=4, greedy,
       8 prompts of at most 96 tokens (goal 2): every static n-gram/Jacobi arm and adaptive;
     * mixed, c=16, greedy, 32 prompts: the static n-gram arms (they tune the vLLM table's large-batch
@@ -230,7 +241,7 @@ def full_plan(
     peers = ("smartspec:ngram", "banditspec:ngram")
     goal1 = ("none", *all_static, *peers, "vllm-ngram", "vllm-dynamic", "adaptive", "adaptive-warm")
     if draft:
-        goal1 = (*goal1, *static_arms(("draft",)), "adaptive+draft")
+        goal1 = (*goal1, *static_arms(("draft",)), "adaptive+draft", "adaptive+lora")
     cells = [Cell("mixed", 4, 0.0, 12, max_tokens, goal1)]
     categories = [*CATEGORIES]
     if mt_bench is not None:

@@ -66,7 +66,12 @@ def environment() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "env": {
             k: os.environ.get(k)
-            for k in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")
+            for k in (
+                "OMP_NUM_THREADS",
+                "VLLM_CPU_OMP_THREADS_BIND",
+                "VLLM_CPU_KVCACHE_SPACE",
+                "LD_PRELOAD",
+            )
             if os.environ.get(k) is not None
         },
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,

@@ -127,7 +127,9 @@ def make_bench_policy(name: str, proposers: list[str], max_k: int, seed: int = 0
     """
     from adaptive_spec.policies import make_policy
 
-    policy_name = "adaptive" if name in ("adaptive-warm", "adaptive+draft") else name
+    policy_name = (
+        "adaptive" if name in ("adaptive-warm", "adaptive+draft", "adaptive+lora") else name
+    )
     try:
         return make_policy(policy_name, proposers, max_k, seed=seed)
     except ValueError as e:
@@ -146,12 +148,15 @@ def make_bench_policy(name: str, proposers: list[str], max_k: int, seed: int = 0
     raise ValueError(f"config={name!r} is not a policy this harness can build")
 
 
-def config_proposers(name: str, engine: str) -> list[str]:
-    """The proposers a configuration's ``AdaptiveSpec`` enables: only those it uses."""
+def config_proposers(name: str, engine: str, adapters: Sequence[str] = ()) -> list[str]:
+    """The proposers a configuration's ``AdaptiveSpec`` enables: only those it uses (``adapters``: the
+    LoRA adapter names the draft engine has, for ``adaptive+lora``)."""
     info = parse_config(name)
     if info.kind == "baseline":
         return ["none"]
     if info.kind == "adaptive":
+        if name == "adaptive+lora":
+            return [*ALL_PROPOSERS, "draft", *(f"lora:{a}" for a in adapters)]
         return [*ALL_PROPOSERS, "draft"] if name.endswith("+draft") else list(ALL_PROPOSERS)
     if info.proposer is None:
         raise ValueError(f"config={name!r} has no proposer to enable")
@@ -276,6 +281,7 @@ def _run_config(
     max_k: int,
     repeat: int,
     work_dir: Path,
+    lora_adapters: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     from adaptive_spec.identity import compare_greedy
     from adaptive_spec.vllm import AdaptiveSpec
@@ -297,8 +303,10 @@ def _run_config(
                 raise RuntimeError(f"no trained policy state at {cell.state_path}")
             state = work_dir / f"warm_{cell.spec['slug']}_r{repeat}.json"
             shutil.copyfile(cell.state_path, state)
-        proposers = config_proposers(name, engine)
+        adapters = lora_adapters or {}
+        proposers = config_proposers(name, engine, list(adapters))
         policy = make_bench_policy(name, proposers, max_k, seed=repeat)
+        used = {p.removeprefix("lora:") for p in proposers if p.startswith("lora:")}
         spec = AdaptiveSpec(
             llm,
             proposers,
@@ -306,6 +314,7 @@ def _run_config(
             policy_state=state,
             category_of=cell.category_of,
             seed=repeat,
+            lora_adapters={n: a for n, a in adapters.items() if n in used},
         )
         try:
             outs, wall = _generate(llm, cell.ids, cell.params)
@@ -395,7 +404,8 @@ def run_vllm_group(spec: dict[str, Any], out_path: str | Path | None = None) -> 
     ----------
     spec : dict
         ``engine`` (main, dynamic, draft), ``model``, ``dtype``, ``max_k``, ``max_num_seqs``,
-        ``enforce_eager``, ``draft_model``, ``dynamic_table``, ``seed``, ``repeats`` (>= 1), ``work_dir``, and
+        ``enforce_eager``, ``draft_model``, ``lora_adapters`` (name -> directory, draft engine only),
+        ``dynamic_table``, ``seed``, ``repeats`` (>= 1), ``work_dir``, and
         ``cells``: dicts with ``id``, ``slug``, ``texts``, ``categories``, ``train_texts``,
         ``train_categories``, ``concurrency`` (<= ``max_num_seqs``), ``temperature``, ``max_tokens`` and
         ``configs``.
@@ -472,7 +482,9 @@ def run_vllm_group(spec: dict[str, Any], out_path: str | Path | None = None) -> 
                 if "error" in entry:
                     continue
                 try:
-                    run = _run_config(llm, cell, name, engine, max_k, r, work_dir)
+                    run = _run_config(
+                        llm, cell, name, engine, max_k, r, work_dir, spec.get("lora_adapters")
+                    )
                 except Exception as e:
                     entry["error"] = f"{type(e).__name__}: {e}"
                     log(f"{cell.id} {name}: failed: {entry['error']}")
