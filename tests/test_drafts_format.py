@@ -232,11 +232,6 @@ def test_assemble_cached_builds_once_and_rebuilds_corrupt(stored, tiny_tied, tmp
     assert not [p for p in root.iterdir() if p.name.startswith(".draft-") and p.is_dir()]
 
 
-SHIPPED = (drafts.DRAFTS_DIR / drafts.DEFAULT_DRAFT).is_dir()
-NOT_SHIPPED = "no trained draft is shipped in this build yet (issue #6 open: adaptive_spec/data/drafts/ is absent)"
-
-
-@pytest.mark.skipif(not SHIPPED, reason=NOT_SHIPPED)
 def test_shipped_draft_is_valid_and_small():
     d = drafts.shipped_draft_dir()
     spec = drafts.read_draft_spec(d)
@@ -244,17 +239,21 @@ def test_shipped_draft_is_valid_and_small():
     assert total <= 30 * 2**20, f"shipped drafts take {total / 2**20:.1f} MiB; the limit is 30"
     assert spec.base_model == "SmolLM2-135M-Instruct"
     assert spec.measured, "the shipped draft records its measurements"
+    assert set(drafts.shipped_adapters()) == {"code", "math", "chat"}
     for name, path in drafts.shipped_adapters().items():
         from adaptive_spec.lora_draft import load_lora_adapter
 
         ad = load_lora_adapter(path)
         assert ad.name == name and ad.base_draft["weights_sha256"] == spec.weights_sha256
+        # Its recorded held-out measurement: the adapter drafts its own domain better than the base
+        # draft (greedy agreement with the target's replies, docs/drafts.md).
+        m = json.loads((path / "adapter.json").read_text())["measured"]
+        assert m["held_out"][name]["agreement"] > m["held_out_base-draft"][name]["agreement"], m
     with pytest.raises(FileNotFoundError, match="available"):
         drafts.shipped_draft_dir("nope")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SHIPPED, reason=NOT_SHIPPED)
 def test_default_draft_path_loads_with_transformers(default_model_dir):
     from transformers import AutoModelForCausalLM
 
@@ -263,3 +262,35 @@ def test_default_draft_path_loads_with_transformers(default_model_dir):
     m = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16)
     spec = drafts.read_draft_spec(drafts.shipped_draft_dir())
     assert m.config.num_hidden_layers == spec.num_layers
+
+
+@pytest.mark.slow
+def test_shipped_draft_is_trained(default_model_dir):
+    """The shipped weights agree with the target's greedy replies far more often than the untrained
+    layer cut they started from (a check that the stored draft is the trained one, not a copy)."""
+    from safetensors.torch import load_file
+
+    from adaptive_spec import distill
+
+    target, tok = distill.load_target(default_model_dir, "cpu")
+    prompts = [
+        distill.TextPrompt("chat", "Give three tips for staying healthy.", "eval"),
+        distill.TextPrompt("math", "What is 17 times 23? Explain step by step.", "eval"),
+        distill.TextPrompt("code", "Write a Python function that reverses a string.", "eval"),
+    ]
+    seqs = distill.generate_continuations(
+        target,
+        tok,
+        prompts,
+        max_new_tokens=48,
+        max_prompt_tokens=256,
+        batch_size=3,
+        device="cpu",
+        progress=False,
+    )
+    spec = drafts.read_draft_spec(drafts.shipped_draft_dir())
+    cut = distill.build_layer_cut(target, spec.num_layers)
+    before = distill.evaluate(cut, seqs, device="cpu")["all"].agreement
+    distill.load_layers(cut, load_file(str(drafts.shipped_draft_dir() / drafts.WEIGHTS_FILE)))
+    after = distill.evaluate(cut, seqs, device="cpu")["all"].agreement
+    assert after >= 0.15 and after > before + 0.1, (before, after)
