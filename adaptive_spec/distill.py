@@ -1,24 +1,37 @@
 """``adaptive-spec distill``: train a draft model for a target by knowledge distillation.
 
-The draft is a layer cut of the target (:mod:`adaptive_spec.drafts`): its first ``n`` decoder layers,
-trained, with the target's embedding, final norm and tied LM head, frozen and shared. Training
-minimises the forward KL divergence from the target's next-token distribution to the draft's
-(Hinton et al. 2015; DistillSpec, Zhou et al., ICLR 2024), optionally plus cross-entropy on the
-target's own tokens, over *target-generated* continuations of real prompts (the draft must imitate what
-the target says, not what humans wrote; sequence-level KD, Kim & Rush 2016). The teacher's final hidden
-states are computed on the fly, or once and cached (``--teacher-cache``): its logits are then one
-product with the shared head.
+The draft is a layer cut of the target (:mod:`adaptive_spec.drafts`): ``n`` decoder layers initialised
+from the target's first ``n``, trained, with the target's embedding, final norm and tied LM head frozen
+and shared. Training minimises the forward KL divergence from the target's next-token distribution to
+the draft's (Hinton et al. 2015; DistillSpec, Zhou et al., ICLR 2024), optionally plus cross-entropy on
+the target's argmax, at the reply positions of chat-formatted prompts.
+
+Data (``--generator``):
+
+* ``vllm`` (default): the target's own replies from an in-process vLLM engine, which also records the
+  target's top-K log-probabilities at every reply token (the draft must imitate what the target says;
+  sequence-level KD, Kim & Rush 2016);
+* ``hf``: the target's replies from transformers (slow on a CPU);
+* ``none``: the data sets' reference replies, labelled by one teacher-forced forward pass of the target
+  (its top-K at every position). On a busy CPU this is tens of times cheaper per token than
+  generating, so the shipped draft was trained this way (``docs/drafts.md``).
+
+Teachers (``--teacher``): ``topk`` (the recorded top-K: no teacher pass during training; the KL between
+the (K + 1)-bucket coarsenings, a lower bound of the full KL), ``online`` (the target's full
+distribution each step) or ``cached`` (the target's final hidden states computed once; logits are one
+product with the shared head).
 
 With ``--lora NAME`` the base draft is frozen and a LoRA adapter (Hu et al. 2022) on its linear layers
-is trained on one domain's text instead (:mod:`adaptive_spec.lora_draft` runs it in vLLM).
+is trained on one domain's text instead (:mod:`adaptive_spec.lora_draft` runs it inside vLLM).
 
-Everything runs on the CPU (``--device cuda`` if there is a GPU), with a tqdm progress bar;
-checkpoints (trainable weights, optimiser, schedule, step and RNG states, and the generated data) are
-written atomically every ``--save-every`` steps and on Ctrl-C, and a rerun with the same arguments
-resumes where it stopped. The final report gives, per category of held-out prompts, the draft's greedy
-agreement with the target and the mean accepted length tau at k = 1..8 of greedy speculative decoding,
-computed exactly from teacher-forced draft predictions: while the drafts match, the draft's context is
-the target's, so the tokens a draft accepts from position j are the run of consecutive matches there.
+It runs on the CPU (``--device cuda`` where there is a GPU) with tqdm progress bars. Checkpoints
+(trainable weights, optimiser, schedule, step, RNG state, history) are written atomically every
+``--save-every`` steps and on Ctrl-C / SIGTERM; generated data and target labels are saved as they are
+made. Rerunning the same command resumes where it stopped (``--steps`` may be raised to train on).
+The final report gives, per category of held-out prompts, the draft's greedy agreement with the target
+and the mean accepted length tau at k = 1..8 of greedy speculative decoding on the target's own greedy
+replies, computed exactly from teacher-forced draft predictions: while the drafts match, the draft's
+context is the target's, so a step starting at position j accepts the run of consecutive matches there.
 """
 
 from __future__ import annotations
