@@ -139,3 +139,28 @@ def test_goals_section_and_plots(bench_run):
     for p in data["plots"]:
         with open(p, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_markdown_export_has_every_row(bench_run):
+    """``python -m adaptive_spec.benchmarks.report bench.json``: the goals and one row per cell and
+    configuration, with the same figures as the JSON."""
+    import subprocess
+    import sys
+
+    _, out = bench_run
+    data = json.loads((out / "bench.json").read_text())
+    proc = subprocess.run(
+        [sys.executable, "-m", "adaptive_spec.benchmarks.report", str(out / "bench.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    md = proc.stdout
+    assert data["environment"]["git"]["commit"][:7] in md.splitlines()[0]
+    assert md.count("\n| 1a |") == 1 and "| 4 |" in md
+    rows = [ln for ln in md.splitlines() if ln.startswith("| ") and "`" in ln]
+    assert len(rows) == sum(len(c["summary"]) for c in data["cells"])
+    cell = data["cells"][0]
+    s = cell["summary"]["none"]
+    assert f"{s['goodput_tok_s']:.1f}" in md

@@ -176,6 +176,69 @@ def print_tables(console: Any, cells: list[dict[str, Any]], goals: list[dict[str
     console.print(t)
 
 
+def markdown(data: dict[str, Any]) -> str:
+    """The goals and the goodput table of a ``bench.json`` as Markdown (for ``docs/benchmarks.md``).
+
+    ``python -m adaptive_spec.benchmarks.report runs/bench/bench.json`` prints it.
+    """
+    env = data.get("environment", {})
+    git = env.get("git") or {}
+    lines = [
+        f"Run {data.get('created', '?')}, commit {str(git.get('commit') or '?')[:7]}"
+        + (
+            f" (+{git['modified_tracked_files']} modified files)"
+            if git.get("modified_tracked_files")
+            else ""
+        )
+        + f", mode {data.get('mode')}, {data.get('repeats')} repeats, {data.get('total_s', 0) / 60:.0f} min; "
+        f"{env.get('cpu_model', '?')}, {env.get('cpus_available', '?')} CPUs, load average at start "
+        f"{', '.join(f'{x:.2f}' for x in env.get('load_average') or [])}.",
+        "",
+        "| goal | what | cell | measured | target | met |",
+        "|---|---|---|---:|---:|---|",
+    ]
+    for g in data.get("goals", []):
+        pct = g["id"] == "4"
+        measured = _fmt(g["measured"], ".1%") if pct else _fmt(g["measured"], ".3f", "x")
+        if g.get("note"):
+            measured += f" ({g['note']})"
+        target = f"{g['comparison']} " + (
+            f"{g['threshold']:.0%}" if pct else f"{g['threshold']:.2f}x"
+        )
+        met = {True: "**met**", False: "**not met**", None: "n/a"}[g["met"]]
+        lines.append(
+            f"| {g['id']} | {g['description']} | {g['cell'] or '-'} | {measured} | {target} | {met} |"
+        )
+    lines += [
+        "",
+        "| cell | configuration | engine | goodput tok/s | x no spec | x best static | accepted length "
+        "| ctrl overhead | greedy identity |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for cell in data.get("cells", []):
+        if "summary" not in cell:
+            lines.append(f"| {cell['id']} | {cell.get('error', 'not run')} |" + " - |" * 7)
+            continue
+        first = True
+        for name in sorted_configs(cell["summary"]):
+            sm = cell["summary"][name]
+            label = f"`{name}`" + (" *" if name == cell.get("best_static") else "")
+            row = [
+                cell["id"] if first else "",
+                label,
+                sm["engine"],
+                _fmt(sm["goodput_tok_s"], ".1f"),
+                _fmt(sm["ratio_to_none"], ".2f", "x"),
+                _fmt(sm.get("ratio_to_best_static"), ".2f", "x"),
+                _fmt(sm.get("mean_accepted_length"), ".2f"),
+                _fmt(sm.get("controller_overhead"), ".1%"),
+                _identity_text(sm),
+            ]
+            lines.append("| " + " | ".join(row) + " |")
+            first = False
+    return "\n".join(lines) + "\n"
+
+
 def write_json(path: Path, data: dict[str, Any]) -> Path:
     """Write the results JSON atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -252,3 +315,11 @@ def make_plots(out_dir: Path, cells: list[dict[str, Any]]) -> list[str]:
         plt.close(fig)
         paths.append(str(p))
     return paths
+
+
+if __name__ == "__main__":  # pragma: no cover - a thin command line
+    import sys
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m adaptive_spec.benchmarks.report BENCH_JSON")
+    print(markdown(json.loads(Path(sys.argv[1]).read_text())), end="")
