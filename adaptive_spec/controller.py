@@ -16,8 +16,8 @@ Engine-agnostic: the vLLM integration (:mod:`adaptive_spec.vllm`) and the replay
   draft was computed, from the tokens the target actually emitted: a draft token at position j would have
   been accepted exactly when it equals the emitted token there (full-information updates, cf. HedgeSpec /
   "Not-a-Bandit", ICLR 2026). Rewards never involve batch-mates;
-* a **step-cost model** (:class:`adaptive_spec.cost_model.StepCostModel`): step time from batch size and
-  verified tokens, learned online.
+* a **step-cost model** (:class:`adaptive_spec.cost_model.StepCostModel`): step time from batch size,
+  verified tokens, prefill tokens and whether the step verifies any draft, learned online.
 
 Decision (SmartSpec's goodput, Liu et al. 2024, generalised to a choice of proposer): the expected number
 of tokens a request emits with ``k`` drafts from proposer ``p`` is ``1 + sum_{j<=k} prod_{i<=j} alpha_i``;

@@ -4,8 +4,13 @@ The step time of a speculative engine is, to first order, linear in the batch si
 of draft tokens verified ``V`` (plus a draft-model term when a draft model runs), but the coefficients
 depend on the hardware and drift with load, so they are measured, never assumed: recursive least squares
 with exponential forgetting (Haykin, *Adaptive Filter Theory*, ch. 10) on
-``step_time ~ c0 + c1 * B + c2 * V + c3 * P``, where ``P`` counts prompt (prefill) tokens computed in the
-step: prefill steps cost far more than decode steps and would otherwise be confused with verification. Forgetting keeps the local linearisation near the current
+``step_time ~ c0 + c1 * B + c2 * V + c3 * P + c4 * 1[V > 0]``, where ``P`` counts prompt (prefill)
+tokens computed in the step (prefill steps cost far more than decode steps and would otherwise be
+confused with verification) and ``1[V > 0]`` marks a step that verifies any draft: on vLLM's CPU build
+the first draft tokens of a step cost far more than the next ones (measured in ``docs/benchmarks.md``:
+at batch 4, k = 1 for every request adds about 2 ms per draft token, k = 8 about 1 ms), a fixed cost
+of running the speculative path that a purely linear model spreads over the tokens, which makes
+low-acceptance drafts look cheap. Forgetting keeps the local linearisation near the current
 operating point, where the true curve is not linear (NOTES.md: verifying 8 tokens costs about 1.15x one
 token at batch 1 and 1.37x at batch 4 on the CPU here).
 
@@ -20,12 +25,13 @@ import math
 
 import numpy as np
 
-FEATURES = ("bias", "batch_size", "verified_tokens", "prefill_tokens")
+FEATURES = ("bias", "batch_size", "verified_tokens", "prefill_tokens", "speculative_step")
 # Weak prior, relative to the first observed step time t0 (a Bayesian prior that measurements replace):
 # intercept t0 (sd t0), per request 0 (sd t0 / 4), per verified token 2 % of t0 (sd 2 % of t0; NOTES.md
-# measured 2-5 % per token on this CPU), per prefill token 0 (sd 1 % of t0).
-PRIOR_MEAN = (1.0, 0.0, 0.02, 0.0)
-PRIOR_SD = (1.0, 0.25, 0.02, 0.01)
+# measured 2-5 % per token on this CPU), per prefill token 0 (sd 1 % of t0), a step verifying any draft
+# 0 (sd 20 % of t0).
+PRIOR_MEAN = (1.0, 0.0, 0.02, 0.0, 0.0)
+PRIOR_SD = (1.0, 0.25, 0.02, 0.01, 0.2)
 # Expected step-time noise, relative to t0. RLS's P is the coefficient covariance divided by the noise
 # variance, so the prior enters as (PRIOR_SD / NOISE_SD)^2.
 NOISE_SD = 0.1
@@ -63,14 +69,15 @@ class StepCostModel:
         self.forgetting = float(forgetting)
         self.prior_scale = float(prior_scale)
         self.min_coef = float(min_coef)
-        self.theta = np.zeros(4)
-        self.P = np.eye(4)
+        self.theta = np.zeros(len(FEATURES))
+        self.P = np.eye(len(FEATURES))
         self.n_updates = 0
         self.n_ignored = 0
 
     @staticmethod
     def _phi(batch_size: float, verified_tokens: float, prefill_tokens: float = 0.0) -> np.ndarray:
-        return np.array([1.0, float(batch_size), float(verified_tokens), float(prefill_tokens)])
+        v = float(verified_tokens)
+        return np.array([1.0, float(batch_size), v, float(prefill_tokens), 1.0 if v > 0 else 0.0])
 
     def update(
         self, batch_size: int, verified_tokens: int, step_time_s: float, prefill_tokens: int = 0
@@ -103,10 +110,10 @@ class StepCostModel:
         self.n_updates += 1
         return True
 
-    def coefficients(self) -> tuple[float, float, float, float]:
-        """``(c0, c_batch, c_token, c_prefill)`` in seconds, floors applied."""
-        c0, cb, cv, cp = (max(float(c), self.min_coef) for c in self.theta)
-        return c0, cb, cv, cp
+    def coefficients(self) -> tuple[float, float, float, float, float]:
+        """``(c0, c_batch, c_token, c_prefill, c_speculative)`` in seconds, floors applied."""
+        c0, cb, cv, cp, cs = (max(float(c), self.min_coef) for c in self.theta)
+        return c0, cb, cv, cp, cs
 
     def predict(
         self,
@@ -115,13 +122,15 @@ class StepCostModel:
         prefill_tokens: np.ndarray | float = 0.0,
     ) -> np.ndarray:
         """Predicted step time (seconds) for each ``(batch_size, verified_tokens, prefill_tokens)``;
-        broadcasts."""
-        c0, cb, cv, cp = self.coefficients()
+        broadcasts. The fixed cost of a speculative step applies where ``verified_tokens > 0``."""
+        c0, cb, cv, cp, cs = self.coefficients()
+        v = np.asarray(verified_tokens, dtype=float)
         return (
             c0
             + cb * np.asarray(batch_size, dtype=float)
-            + cv * np.asarray(verified_tokens, dtype=float)
+            + cv * v
             + cp * np.asarray(prefill_tokens, dtype=float)
+            + cs * (v > 0)
         )
 
     def state_dict(self) -> dict:
@@ -138,9 +147,18 @@ class StepCostModel:
     def load_state_dict(self, state: dict) -> None:
         theta = np.asarray(state["theta"], dtype=float)
         P = np.asarray(state["P"], dtype=float)
+        n = len(FEATURES)
+        if theta.shape == (n - 1,) and P.shape == (n - 1, n - 1):
+            # A state saved before the speculative-step term existed: that term starts at its prior.
+            t0 = float(theta[0]) if theta[0] > 0 else 1.0
+            theta = np.append(theta, PRIOR_MEAN[-1] * t0)
+            grown = np.zeros((n, n))
+            grown[: n - 1, : n - 1] = P
+            grown[-1, -1] = (PRIOR_SD[-1] * float(state.get("prior_scale", 1.0)) / NOISE_SD) ** 2
+            P = grown
         if (
-            theta.shape != (4,)
-            or P.shape != (4, 4)
+            theta.shape != (n,)
+            or P.shape != (n, n)
             or not (np.isfinite(theta).all() and np.isfinite(P).all())
         ):
             raise ValueError("cost model state has wrong shapes or non-finite values")

@@ -151,11 +151,44 @@ def test_cost_model_ignores_bad_times():
     for _ in range(400):
         b, v = int(rng.integers(1, 16)), int(rng.integers(0, 64))
         m.update(b, v, 0.02 + 0.003 * b + 0.0005 * v)
-    c0, cb, cv, _ = m.coefficients()
+    c0, cb, cv, _, _ = m.coefficients()
     assert math.isclose(c0, 0.02, rel_tol=0.05) and math.isclose(cb, 0.003, rel_tol=0.05)
     assert math.isclose(cv, 0.0005, rel_tol=0.05)
     with pytest.raises(ValueError, match="forgetting=0"):
         StepCostModel(forgetting=0)
+
+
+def test_cost_model_learns_the_fixed_cost_of_a_speculative_step():
+    """A step verifying any draft pays a fixed cost (vLLM's CPU build: ~2 ms per draft token at k = 1,
+    ~1 ms at k = 8): the model separates it from the per-token slope, so one cheap-looking draft token
+    is priced at its real cost."""
+    m = StepCostModel()
+    rng = np.random.default_rng(1)
+    for _ in range(600):
+        b = 4
+        v = 0 if rng.random() < 0.3 else int(rng.integers(1, 33))
+        t = 0.02 + 0.001 * v + (0.004 if v > 0 else 0.0) + rng.normal(0, 0.0005)
+        m.update(b, v, t)
+    *_, cv, _, cs = m.coefficients()
+    assert math.isclose(cv, 0.001, rel_tol=0.1) and math.isclose(cs, 0.004, rel_tol=0.15)
+    p0, p1, p8 = m.predict(4, np.array([0, 1, 8]))
+    assert math.isclose(p1 - p0, 0.005, rel_tol=0.15) and math.isclose(p8 - p0, 0.012, rel_tol=0.1)
+
+
+def test_cost_model_upgrades_a_state_saved_without_the_speculative_term():
+    m = StepCostModel()
+    for v in (0, 4, 8, 0, 2):
+        m.update(4, v, 0.02 + 0.001 * v)
+    old = m.state_dict()
+    old["theta"] = old["theta"][:4]
+    old["P"] = [row[:4] for row in old["P"][:4]]
+    fresh = StepCostModel()
+    fresh.load_state_dict(old)
+    assert fresh.theta.shape == (5,) and fresh.P.shape == (5, 5) and fresh.theta[-1] == 0.0
+    assert np.allclose(fresh.theta[:4], m.theta[:4])
+    old["theta"] = [1.0, 2.0]
+    with pytest.raises(ValueError, match="wrong shapes"):
+        fresh.load_state_dict(old)
 
 
 def test_state_roundtrip_and_refusals(tmp_path):
