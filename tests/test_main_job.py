@@ -14,28 +14,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (pip install -e '.[cpu]')")
 
 
+def _run(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """``adaptive-spec run --prompts 4 --max-tokens 24 --compare-static`` in a subprocess."""
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    cmd = [sys.executable, "-m", "adaptive_spec.cli", "run", "--prompts", "4", "--max-tokens", "24"]
+    cmd += [*extra, "--compare-static", "--out", str(out)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+
+
 def test_run_compare_static_real_model(tmp_path: Path, default_model_dir: Path) -> None:
     out = tmp_path / "run"
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "adaptive_spec.cli",
-            "run",
-            "--prompts",
-            "4",
-            "--max-tokens",
-            "24",
-            "--compare-static",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
+    proc = _run(out)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout
     assert "goodput" in text and "tokens/s" in text
@@ -57,28 +46,7 @@ def test_run_with_shipped_draft_and_lora_arms(tmp_path: Path, default_model_dir:
     """``--proposers none,ngram,jacobi,draft,lora`` loads the shipped draft and its adapters into the
     main job; output stays identical to speculation off (greedy)."""
     out = tmp_path / "run"
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "adaptive_spec.cli",
-            "run",
-            "--prompts",
-            "4",
-            "--max-tokens",
-            "24",
-            "--proposers",
-            "none,ngram,jacobi,draft,lora",
-            "--compare-static",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
+    proc = _run(out, "--proposers", "none,ngram,jacobi,draft,lora")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     res = summary["results"]

@@ -113,6 +113,22 @@ def sorted_configs(summary: dict[str, dict[str, Any]]) -> list[str]:
     return sorted(summary, key=lambda n: (KIND_ORDER.get(summary[n]["kind"], 9), n))
 
 
+def _row_cells(cell: dict[str, Any], name: str, *, code: bool = False) -> list[str]:
+    """One configuration's row of the goodput table, after the cell column."""
+    s = cell["summary"][name]
+    label = (f"`{name}`" if code else name) + (" *" if name == cell.get("best_static") else "")
+    return [
+        label,
+        s["engine"],
+        _fmt(s["goodput_tok_s"], ".1f"),
+        _fmt(s["ratio_to_none"], ".2f", "x"),
+        _fmt(s.get("ratio_to_best_static"), ".2f", "x"),
+        _fmt(s.get("mean_accepted_length"), ".2f"),
+        _fmt(s.get("controller_overhead"), ".1%"),
+        _identity_text(s),
+    ]
+
+
 def print_tables(console: Any, cells: list[dict[str, Any]], goals: list[dict[str, Any]]) -> None:
     """Print the goals, then the main table (last): one row per cell and configuration."""
     from rich.table import Table
@@ -152,19 +168,7 @@ def print_tables(console: Any, cells: list[dict[str, Any]], goals: list[dict[str
             continue
         first = True
         for name in sorted_configs(cell["summary"]):
-            s = cell["summary"][name]
-            label = name + (" *" if name == cell.get("best_static") else "")
-            t.add_row(
-                cell["id"] if first else "",
-                label,
-                s["engine"],
-                _fmt(s["goodput_tok_s"], ".1f"),
-                _fmt(s["ratio_to_none"], ".2f", "x"),
-                _fmt(s.get("ratio_to_best_static"), ".2f", "x"),
-                _fmt(s.get("mean_accepted_length"), ".2f"),
-                _fmt(s.get("controller_overhead"), ".1%"),
-                _identity_text(s),
-            )
+            t.add_row(cell["id"] if first else "", *_row_cells(cell, name))
             first = False
         t.add_section()
     t.caption = (
@@ -221,19 +225,7 @@ def markdown(data: dict[str, Any]) -> str:
             continue
         first = True
         for name in sorted_configs(cell["summary"]):
-            sm = cell["summary"][name]
-            label = f"`{name}`" + (" *" if name == cell.get("best_static") else "")
-            row = [
-                cell["id"] if first else "",
-                label,
-                sm["engine"],
-                _fmt(sm["goodput_tok_s"], ".1f"),
-                _fmt(sm["ratio_to_none"], ".2f", "x"),
-                _fmt(sm.get("ratio_to_best_static"), ".2f", "x"),
-                _fmt(sm.get("mean_accepted_length"), ".2f"),
-                _fmt(sm.get("controller_overhead"), ".1%"),
-                _identity_text(sm),
-            ]
+            row = [cell["id"] if first else "", *_row_cells(cell, name, code=True)]
             lines.append("| " + " | ".join(row) + " |")
             first = False
     return "\n".join(lines) + "\n"
