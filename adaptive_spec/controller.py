@@ -17,7 +17,8 @@ Engine-agnostic: the vLLM integration (:mod:`adaptive_spec.vllm`) and the replay
   been accepted exactly when it equals the emitted token there (full-information updates, cf. HedgeSpec /
   "Not-a-Bandit", ICLR 2026). Rewards never involve batch-mates;
 * a **step-cost model** (:class:`adaptive_spec.cost_model.StepCostModel`): step time from batch size,
-  verified tokens, prefill tokens and whether the step verifies any draft, learned online.
+  verified tokens, prefill tokens and the number of requests verifying drafts (a fixed cost per
+  speculating request), learned online.
 
 Decision (SmartSpec's goodput, Liu et al. 2024, generalised to a choice of proposer): the expected number
 of tokens a request emits with ``k`` drafts from proposer ``p`` is ``1 + sum_{j<=k} prod_{i<=j} alpha_i``;
@@ -405,7 +406,11 @@ class AdaptiveController(SpecPolicy):
         seg_slope: list[np.ndarray] = []
         seg_dc: list[np.ndarray] = []
         seg_de: list[np.ndarray] = []
+        seg_new: list[np.ndarray] = []
         cs = np.arange(K1)
+        # A request's first draft token also pays the per-request cost: in draft-token equivalents.
+        _, _, c_tok, _, c_req = self.cost.coefficients()
+        first_extra = c_req / c_tok if c_tok > 0 else 0.0
         active = np.ones(B, dtype=bool)
         rows = np.arange(B)
         for _ in range(K1 - 1):
@@ -413,8 +418,9 @@ class AdaptiveController(SpecPolicy):
                 break
             base_e = best[rows, cur]
             dc = cs[None, :] - cur[:, None]
+            cost = dc + np.where(cur == 0, first_extra, 0.0)[:, None]
             with np.errstate(invalid="ignore", divide="ignore"):
-                slope = np.where(dc > 0, (best - base_e[:, None]) / np.maximum(dc, 1), -np.inf)
+                slope = np.where(dc > 0, (best - base_e[:, None]) / np.maximum(cost, 1), -np.inf)
             slope[~np.isfinite(slope)] = -np.inf
             nxt = np.argmax(slope, axis=1)
             s = slope[rows, nxt]
@@ -424,6 +430,7 @@ class AdaptiveController(SpecPolicy):
             seg_req.append(rows[ok])
             seg_slope.append(s[ok])
             seg_dc.append((nxt - cur)[ok])
+            seg_new.append((cur == 0)[ok])
             seg_de.append((best[rows, nxt] - base_e)[ok])
             cur = np.where(ok, nxt, cur)
             active = ok
@@ -434,10 +441,12 @@ class AdaptiveController(SpecPolicy):
         slope = np.concatenate(seg_slope)
         dcs = np.concatenate(seg_dc)
         des = np.concatenate(seg_de)
+        new = np.concatenate(seg_new)
         order = np.argsort(-slope, kind="stable")
         cum_v = np.concatenate([[0], np.cumsum(dcs[order])])
+        cum_r = np.concatenate([[0], np.cumsum(new[order])])
         cum_e = B + np.concatenate([[0.0], np.cumsum(des[order])])
-        goodput = cum_e / self.cost.predict(max(batch_size, B), cum_v)
+        goodput = cum_e / self.cost.predict(max(batch_size, B), cum_v, speculating_requests=cum_r)
         m = int(np.argmax(goodput))
         np.add.at(ks, req[order[:m]], dcs[order[:m]])
         return ks
@@ -449,6 +458,7 @@ class AdaptiveController(SpecPolicy):
             outcome.num_verified_tokens,
             outcome.step_time_s,
             outcome.num_prefill_tokens,
+            speculating_requests=sum(1 for o in outcome.requests if o.drafted > 0),
         )
         X_by: dict[str, list[np.ndarray]] = {p: [] for p in self.proposers}
         y_by: dict[str, list[np.ndarray]] = {p: [] for p in self.proposers}

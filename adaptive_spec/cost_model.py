@@ -4,13 +4,13 @@ The step time of a speculative engine is, to first order, linear in the batch si
 of draft tokens verified ``V`` (plus a draft-model term when a draft model runs), but the coefficients
 depend on the hardware and drift with load, so they are measured, never assumed: recursive least squares
 with exponential forgetting (Haykin, *Adaptive Filter Theory*, ch. 10) on
-``step_time ~ c0 + c1 * B + c2 * V + c3 * P + c4 * 1[V > 0]``, where ``P`` counts prompt (prefill)
-tokens computed in the step (prefill steps cost far more than decode steps and would otherwise be
-confused with verification) and ``1[V > 0]`` marks a step that verifies any draft: on vLLM's CPU build
-the first draft tokens of a step cost far more than the next ones (measured in ``docs/benchmarks.md``:
-at batch 4, k = 1 for every request adds about 2 ms per draft token, k = 8 about 1 ms), a fixed cost
-of running the speculative path that a purely linear model spreads over the tokens, which makes
-low-acceptance drafts look cheap. Forgetting keeps the local linearisation near the current
+``step_time ~ c0 + c1 * B + c2 * V + c3 * P + c4 * R``, where ``P`` counts prompt (prefill) tokens
+computed in the step (prefill steps cost far more than decode steps and would otherwise be confused with
+verification) and ``R`` the requests that verify at least one draft token: on vLLM's CPU build a
+request's first draft token costs about twice the next ones (measured in ``docs/benchmarks.md``: at
+batch 4, k = 1 for every request adds about 2 ms per draft token, k = 8 about 1 ms, i.e. about 1.1 ms
+per speculating request plus 0.9 ms per draft token), a fixed cost per speculating request that a
+purely linear model in ``V`` spreads over the tokens, which makes short low-acceptance drafts look cheap. Forgetting keeps the local linearisation near the current
 operating point, where the true curve is not linear (NOTES.md: verifying 8 tokens costs about 1.15x one
 token at batch 1 and 1.37x at batch 4 on the CPU here).
 
@@ -25,13 +25,13 @@ import math
 
 import numpy as np
 
-FEATURES = ("bias", "batch_size", "verified_tokens", "prefill_tokens", "speculative_step")
+FEATURES = ("bias", "batch_size", "verified_tokens", "prefill_tokens", "speculating_requests")
 # Weak prior, relative to the first observed step time t0 (a Bayesian prior that measurements replace):
 # intercept t0 (sd t0), per request 0 (sd t0 / 4), per verified token 2 % of t0 (sd 2 % of t0; NOTES.md
-# measured 2-5 % per token on this CPU), per prefill token 0 (sd 1 % of t0), a step verifying any draft
-# 0 (sd 20 % of t0).
+# measured 2-5 % per token on this CPU), per prefill token 0 (sd 1 % of t0), per speculating request 0
+# (sd 5 % of t0).
 PRIOR_MEAN = (1.0, 0.0, 0.02, 0.0, 0.0)
-PRIOR_SD = (1.0, 0.25, 0.02, 0.01, 0.2)
+PRIOR_SD = (1.0, 0.25, 0.02, 0.01, 0.05)
 # Expected step-time noise, relative to t0. RLS's P is the coefficient covariance divided by the noise
 # variance, so the prior enters as (PRIOR_SD / NOISE_SD)^2.
 NOISE_SD = 0.1
@@ -75,14 +75,27 @@ class StepCostModel:
         self.n_ignored = 0
 
     @staticmethod
-    def _phi(batch_size: float, verified_tokens: float, prefill_tokens: float = 0.0) -> np.ndarray:
+    def _phi(
+        batch_size: float,
+        verified_tokens: float,
+        prefill_tokens: float = 0.0,
+        speculating_requests: float | None = None,
+    ) -> np.ndarray:
         v = float(verified_tokens)
-        return np.array([1.0, float(batch_size), v, float(prefill_tokens), 1.0 if v > 0 else 0.0])
+        r = (1.0 if v > 0 else 0.0) if speculating_requests is None else float(speculating_requests)
+        return np.array([1.0, float(batch_size), v, float(prefill_tokens), r])
 
     def update(
-        self, batch_size: int, verified_tokens: int, step_time_s: float, prefill_tokens: int = 0
+        self,
+        batch_size: int,
+        verified_tokens: int,
+        step_time_s: float,
+        prefill_tokens: int = 0,
+        speculating_requests: int | None = None,
     ) -> bool:
-        """Learn from one step. Returns False (and counts it) when the observation is ignored."""
+        """Learn from one step. ``speculating_requests`` (requests verifying >= 1 draft token) defaults to
+        ``1 if verified_tokens > 0 else 0``. Returns False (and counts it) when the observation is
+        ignored."""
         if (
             not isinstance(step_time_s, int | float)
             or not math.isfinite(step_time_s)
@@ -90,6 +103,7 @@ class StepCostModel:
             or batch_size <= 0
             or verified_tokens < 0
             or prefill_tokens < 0
+            or (speculating_requests is not None and speculating_requests < 0)
         ):
             self.n_ignored += 1
             return False
@@ -97,7 +111,7 @@ class StepCostModel:
             t0 = float(step_time_s)
             self.theta = np.array(PRIOR_MEAN) * t0
             self.P = np.diag((np.array(PRIOR_SD) * self.prior_scale / NOISE_SD) ** 2)
-        x = self._phi(batch_size, verified_tokens, prefill_tokens)
+        x = self._phi(batch_size, verified_tokens, prefill_tokens, speculating_requests)
         lam = self.forgetting
         Px = self.P @ x
         gain = Px / (lam + x @ Px)
@@ -111,7 +125,7 @@ class StepCostModel:
         return True
 
     def coefficients(self) -> tuple[float, float, float, float, float]:
-        """``(c0, c_batch, c_token, c_prefill, c_speculative)`` in seconds, floors applied."""
+        """``(c0, c_batch, c_token, c_prefill, c_request)`` in seconds, floors applied."""
         c0, cb, cv, cp, cs = (max(float(c), self.min_coef) for c in self.theta)
         return c0, cb, cv, cp, cs
 
@@ -120,17 +134,24 @@ class StepCostModel:
         batch_size: np.ndarray | float,
         verified_tokens: np.ndarray | float,
         prefill_tokens: np.ndarray | float = 0.0,
+        speculating_requests: np.ndarray | float | None = None,
     ) -> np.ndarray:
-        """Predicted step time (seconds) for each ``(batch_size, verified_tokens, prefill_tokens)``;
-        broadcasts. The fixed cost of a speculative step applies where ``verified_tokens > 0``."""
-        c0, cb, cv, cp, cs = self.coefficients()
+        """Predicted step time (seconds) for each ``(batch_size, verified_tokens, prefill_tokens,
+        speculating_requests)``; broadcasts. ``speculating_requests`` defaults to
+        ``1 if verified_tokens > 0 else 0``."""
+        c0, cb, cv, cp, cr = self.coefficients()
         v = np.asarray(verified_tokens, dtype=float)
+        r = (
+            (v > 0).astype(float)
+            if speculating_requests is None
+            else np.asarray(speculating_requests, dtype=float)
+        )
         return (
             c0
             + cb * np.asarray(batch_size, dtype=float)
             + cv * v
             + cp * np.asarray(prefill_tokens, dtype=float)
-            + cs * (v > 0)
+            + cr * r
         )
 
     def state_dict(self) -> dict:
@@ -149,7 +170,7 @@ class StepCostModel:
         P = np.asarray(state["P"], dtype=float)
         n = len(FEATURES)
         if theta.shape == (n - 1,) and P.shape == (n - 1, n - 1):
-            # A state saved before the speculative-step term existed: that term starts at its prior.
+            # A state saved before the per-request term existed: that term starts at its prior.
             t0 = float(theta[0]) if theta[0] > 0 else 1.0
             theta = np.append(theta, PRIOR_MEAN[-1] * t0)
             grown = np.zeros((n, n))

@@ -158,24 +158,41 @@ def test_cost_model_ignores_bad_times():
         StepCostModel(forgetting=0)
 
 
-def test_cost_model_learns_the_fixed_cost_of_a_speculative_step():
-    """A step verifying any draft pays a fixed cost (vLLM's CPU build: ~2 ms per draft token at k = 1,
-    ~1 ms at k = 8): the model separates it from the per-token slope, so one cheap-looking draft token
-    is priced at its real cost."""
+def test_cost_model_learns_the_cost_per_speculating_request():
+    """Each request that verifies drafts pays a fixed cost (vLLM's CPU build: ~2 ms per draft token at
+    k = 1, ~1 ms at k = 8): the model separates it from the per-token slope, so one cheap-looking draft
+    token is priced at its real cost."""
     m = StepCostModel()
     rng = np.random.default_rng(1)
     for _ in range(600):
         b = 4
-        v = 0 if rng.random() < 0.3 else int(rng.integers(1, 33))
-        t = 0.02 + 0.001 * v + (0.004 if v > 0 else 0.0) + rng.normal(0, 0.0005)
-        m.update(b, v, t)
-    *_, cv, _, cs = m.coefficients()
-    assert math.isclose(cv, 0.001, rel_tol=0.1) and math.isclose(cs, 0.004, rel_tol=0.15)
-    p0, p1, p8 = m.predict(4, np.array([0, 1, 8]))
-    assert math.isclose(p1 - p0, 0.005, rel_tol=0.15) and math.isclose(p8 - p0, 0.012, rel_tol=0.1)
+        ks = [0 if rng.random() < 0.4 else int(rng.integers(1, 9)) for _ in range(b)]
+        v, r = sum(ks), sum(k > 0 for k in ks)
+        t = 0.02 + 0.0009 * v + 0.0011 * r + rng.normal(0, 0.0003)
+        m.update(b, v, t, speculating_requests=r)
+    *_, cv, _, cr = m.coefficients()
+    assert math.isclose(cv, 0.0009, rel_tol=0.1) and math.isclose(cr, 0.0011, rel_tol=0.15)
+    p0, p4, p32 = m.predict(4, np.array([0, 4, 32]), speculating_requests=np.array([0, 4, 4]))
+    assert math.isclose(p4 - p0, 0.008, rel_tol=0.1) and math.isclose(p32 - p0, 0.0332, rel_tol=0.1)
+    # Without a count, a step with drafts counts one speculating request.
+    assert m.predict(4, 3) == pytest.approx(m.predict(4, 3, speculating_requests=1))
 
 
-def test_cost_model_upgrades_a_state_saved_without_the_speculative_term():
+def test_allocation_skips_drafts_that_do_not_pay_the_per_request_cost():
+    """With ~1 ms per speculating request and ~1 ms per draft token on a 20 ms step of 4 requests, a
+    draft accepted with probability 0.14 (Jacobi's first position here) loses; one at 0.7 wins."""
+    ctrl = AdaptiveController(["none", "ngram"], 4, seed=0, exploration="greedy")
+    for _ in range(300):
+        ctrl.cost.update(4, 0, 0.02, speculating_requests=0)
+        ctrl.cost.update(4, 8, 0.02 + 0.008 + 0.002, speculating_requests=2)
+        ctrl.cost.update(4, 16, 0.02 + 0.016 + 0.004, speculating_requests=4)
+    low = np.array([[1.0, 1.14, 1.16, 1.17, 1.17]] * 4)
+    assert (ctrl._allocate(low, 4) == 0).all()
+    high = np.array([[1.0, 1.7, 2.19, 2.53, 2.77]] * 4)
+    assert (ctrl._allocate(high, 4) > 0).all()
+
+
+def test_cost_model_upgrades_a_state_saved_without_the_per_request_term():
     m = StepCostModel()
     for v in (0, 4, 8, 0, 2):
         m.update(4, v, 0.02 + 0.001 * v)
