@@ -33,7 +33,7 @@ def plot_arm_choices(
         n_steps = len(steps)
         bins = max(1, min(80, n_steps // 5 or 1))
         edges = np.linspace(0, n_steps, bins + 1)
-        proposers = sorted({a.split(":")[0] if a != "none" else "none" for _, a in rows})
+        proposers = sorted({"none" if a == "none" else a.rsplit(":", 1)[0] for _, a in rows})
         counts = {p: np.zeros(bins) for p in proposers}
         ksum = np.zeros(bins)
         total = np.zeros(bins)
@@ -46,11 +46,14 @@ def plot_arm_choices(
         centers = 0.5 * (edges[:-1] + edges[1:])
         safe = np.maximum(total, 1)
         colors = {"none": "#bbbbbb", "ngram": "#1f77b4", "jacobi": "#ff7f0e", "draft": "#2ca02c"}
+        extra = iter(
+            ["#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"] * 8
+        )
         ax1.stackplot(
             centers,
             *[counts[p] / safe for p in proposers],
             labels=proposers,
-            colors=[colors.get(p) for p in proposers],
+            colors=[colors.get(p) or next(extra) for p in proposers],
             alpha=0.9,
         )
         ax1.set_ylim(0, 1)

@@ -237,20 +237,10 @@ def test_identity_repeated_calls_one_process(tiny_llm, ref):
     assert runs[0] == runs[1] == [ref[tuple(p)] for p in loops]
 
 
-def test_lora_draft_arm_not_available(tiny_llm):
-    """The LoRA draft proposer is part of the arm space but not of this build: skip (with the reason),
-    and fail as soon as AdaptiveSpec accepts it, so that this family gets extended."""
+def test_lora_draft_arm_refused_without_a_draft_model(tiny_llm):
+    """``lora:<adapter>`` arms apply adapters to the engine's draft model: on an n-gram engine they are
+    refused, naming the method needed (their identity family is tests/test_drafts_lora_vllm.py)."""
     from adaptive_spec.vllm import AdaptiveSpec
 
-    try:
-        spec = AdaptiveSpec(tiny_llm, ["none", "lora:code"], policy="none")
-    except ValueError as e:
-        if "LoRA drafts are not available" in str(e):
-            pytest.skip(
-                "LoRA draft proposer (lora:<adapter>) is not available yet: AdaptiveSpec refuses it"
-            )
-        raise
-    spec.detach()
-    pytest.fail(
-        "AdaptiveSpec now accepts lora:<adapter> proposers: add them to the correctness families"
-    )
+    with pytest.raises(ValueError, match="needs an engine built with method='draft_model'"):
+        AdaptiveSpec(tiny_llm, ["none", "lora:code"], policy="none", lora_adapters={"code": "x"})

@@ -57,3 +57,14 @@ def test_refusals_name_the_flag(kw, proposers, fragment):
     with pytest.raises(ValueError) as e:
         resolve_drafts(_args(**kw), proposers)
     assert fragment in str(e.value)
+
+
+def test_arm_plot_handles_draft_and_lora_arms(tmp_path):
+    from adaptive_spec.plots import plot_arm_choices
+
+    arms = ["none", "ngram:2", "draft:4", "lora:code:3", "lora:math:1", "jacobi:1"]
+    steps = [
+        {"requests": [{"arm": arms[(i + j) % len(arms)]} for j in range(3)]} for i in range(40)
+    ]
+    out = plot_arm_choices(steps, tmp_path / "arms.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
