@@ -55,10 +55,11 @@ def test_run_with_shipped_draft_and_lora_arms(tmp_path: Path, default_model_dir:
     header = json.loads((out / "trace.jsonl").read_text().splitlines()[0])
     props = header["proposers"]
     assert "draft" in props and {"lora:code", "lora:math", "lora:chat"} <= set(props), props
-    # The draft-model proposers made drafts the controller could verify.
-    by_prop = res["adaptive"]["stats"]["by_proposer"]
-    assert any(
-        p in by_prop and by_prop[p]["drafted"] > 0
-        for p in props
-        if p not in ("none", "ngram", "jacobi")
-    ), by_prop
+    # The draft model made drafts the controller could choose (whether it chose them depends on the
+    # measured step times: not asserted), credited to the base draft or to an adapter.
+    offered = set()
+    for line in (out / "trace.jsonl").read_text().splitlines()[1:]:
+        step = json.loads(line)
+        for r in step.get("requests", []):
+            offered |= {p for p, d in (r.get("cf_drafts") or {}).items() if d}
+    assert offered & ({"draft"} | {p for p in props if p.startswith("lora:")}), offered
