@@ -400,10 +400,10 @@ def main(args: argparse.Namespace) -> int:
         lora_adapters = _lora_adapters(args, draft_path)
         cells, mode = build_plan(args, draft_path is not None)
         wanted = {
-            p.removeprefix("static:").rpartition(":")[0].removeprefix("lora:")
+            info.proposer.removeprefix("lora:")
             for c in cells
-            for p in c.configs
-            if p.startswith("static:lora:")
+            for info in (parse_config(p, args.max_k) for p in c.configs)
+            if info.proposer and info.proposer.startswith("lora:")
         }
         missing = sorted(wanted - set(lora_adapters))
         if missing:

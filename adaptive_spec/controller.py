@@ -301,12 +301,14 @@ class AdaptiveController(SpecPolicy):
             ]
         )
 
-    def _proposer_features(self, r: RequestView, st: _ReqState, p: str, n_avail: int) -> np.ndarray:
+    def _proposer_features(
+        self, st: _ReqState, p: str, n_avail: int, match_length: int = 0
+    ) -> np.ndarray:
         return np.array(
             [
                 st.ema.get(p, 0.5),
                 n_avail / max(self.max_k, 1),
-                min(r.match_lengths.get(p, 0), 8) / 8.0,
+                min(match_length, 8) / 8.0,
             ]
         )
 
@@ -357,7 +359,14 @@ class AdaptiveController(SpecPolicy):
                 n = 0 if d is None else min(len(d), cap)
                 avail[i, pi] = n
                 if d is not None and len(d) > 0:
-                    base = np.concatenate([rf, self._proposer_features(r, st, p, min(len(d), K))])
+                    base = np.concatenate(
+                        [
+                            rf,
+                            self._proposer_features(
+                                st, p, min(len(d), K), r.match_lengths.get(p, 0)
+                            ),
+                        ]
+                    )
                     st.pending[p] = (np.asarray(d[:K], dtype=np.int64), base)
                     if n > 0:
                         per_prop_rows[p][0].append(i)
@@ -524,7 +533,7 @@ class AdaptiveController(SpecPolicy):
             rf[-1] = st.ema_all
         scores = []
         for p in cands:
-            base = np.concatenate([rf, [st.ema.get(p, 0.5), 1.0, 0.0]])
+            base = np.concatenate([rf, self._proposer_features(st, p, self.max_k)])
             a = self._acceptance(p, base[None, :])[0]
             scores.append(float(np.cumprod(a).sum()))
         return cands[int(np.argmax(scores))]
