@@ -4,12 +4,15 @@
   method and one ``num_speculative_tokens``).
 * :class:`BatchSizeTablePolicy`: vLLM 0.32's dynamic speculation, a user-given table
   ``[[start, end, k], ...]`` from batch size to k for one proposer, per step.
+
+:func:`default_baseline` is the adaptive controller's safe baseline: an n-gram batch-size table
+(:data:`DEFAULT_NGRAM_TABLE`, measured on the embedded default, ``docs/benchmarks.md``).
 """
 
 from __future__ import annotations
 
 from adaptive_spec.arms import NO_SPEC, Arm
-from adaptive_spec.controller import Decision, SpecPolicy, StepView
+from adaptive_spec.protocol import Decision, SpecPolicy, StepView
 
 
 def _cut(arm: Arm, available: int) -> Arm:
@@ -102,3 +105,18 @@ class BatchSizeTablePolicy(SpecPolicy):
             avail = 0 if d is None else min(len(d), r.max_new_tokens - 1)
             arms.append(_cut(arm, avail))
         return Decision(arms, [1.0] * len(arms), [[] for _ in arms])
+
+
+#: The n-gram batch-size table the adaptive controller holds as its baseline by default, in vLLM's
+#: ``num_speculative_tokens_per_batch_size`` format: the best static n-gram k measured per concurrency
+#: on the embedded default (``docs/benchmarks.md``), each k owning the batch sizes nearest to it.
+DEFAULT_NGRAM_TABLE = ((1, 2, 8), (3, 8, 4), (9, 24, 2), (25, 1 << 20, 1))
+
+
+def default_baseline(proposers: list[str], max_k: int) -> SpecPolicy:
+    """The default safe baseline: :data:`DEFAULT_NGRAM_TABLE` (k cut to ``max_k``) when ``ngram`` is
+    enabled, else no speculation."""
+    if "ngram" in proposers:
+        rows = [[s, e, min(k, max_k)] for s, e, k in DEFAULT_NGRAM_TABLE]
+        return BatchSizeTablePolicy(list(proposers), max_k, "ngram", rows)
+    return StaticPolicy(list(proposers), max_k, NO_SPEC)

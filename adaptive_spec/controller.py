@@ -1,235 +1,138 @@
 """The adaptive controller: per request and per step, which proposer drafts and how many tokens (k).
 
-Engine-agnostic: the vLLM integration (:mod:`adaptive_spec.vllm`) and the replay simulator
-(:mod:`adaptive_spec.sim`) both drive a :class:`SpecPolicy` through the same two verbs:
+One step, as :meth:`AdaptiveController.decide` computes it for a batch of ``N`` requests and ``P``
+proposers (all of it vectorised over the batch):
 
-* ``decide(view) -> Decision``: given the running requests (with the drafts every cheap proposer offers
-  now), choose an arm ``(proposer, k)`` per request;
-* ``observe(outcome)``: learn from what the target emitted and how long the step took.
+1. **Acceptance** (:class:`~adaptive_spec.acceptance.AcceptanceModel`): per request and proposer, the
+   conditional acceptance ``alpha_j`` of each draft position from its context cell (temperature,
+   the request's own acceptance history with that proposer, the proposer's match feature); the
+   expected gain of draft token ``j`` is ``prod_{i <= j} alpha_i`` (the probability it is accepted).
+2. **Proposer per request**: the one maximising ``E[tokens](c) - lambda * c`` over its offered
+   lengths ``c``, where ``lambda`` (tokens per draft token) is the marginal value of a draft token at
+   the previous step's optimum (the allocation's Lagrange multiplier).
+3. **Allocation** (SmartSpec's goodput, Liu et al. 2024, with DSpark-style top-B slots over a measured
+   table): the chosen proposers' gains of every request and position are sorted, and the batch takes
+   the prefix of ``V`` draft tokens that maximises predicted goodput
+   ``(N + sum of the V best gains) / t(B, V)``, with ``t`` the measured step-cost table
+   (:class:`~adaptive_spec.cost_model.StepCostModel`), which charges the fixed cost of speculating at
+   all at ``V = 1``. Because a request's gains fall with position, the prefix is a per-request k.
+4. **Safety** (:mod:`adaptive_spec.safety`): the baseline's decision (by default an n-gram
+   batch-size table, as vLLM's ``num_speculative_tokens_per_batch_size``) is computed too; the
+   controller plays its own decision only if a lower bound on its tokens and an upper bound on its
+   time keep the run's cumulative goodput >= ``(1 - alpha)`` x the baseline's on the same steps,
+   measured counterfactually. Otherwise it plays the baseline's.
+5. **Cost probes**: after ``probe_every`` steps in a row without a verified draft token, one step
+   verifies the draft tokens predicted to be accepted with probability >= 0.25 (at least one, at
+   most ``max(4, N / 4)``); after
+   ``probe_every`` steps in a row with some, one step verifies none if the table's no-speculation
+   cell at this batch size is not yet backed by enough measurements (the interval starts at 8 steps
+   and doubles after each probe up to ``probe_every``). The table's shape is corrected only where
+   steps are observed, so both sides of the speculate / do-not-speculate boundary keep being
+   measured and a wrong table cannot switch speculation off for good. Probes bypass the safety rule;
+   their cost is at most one step in ``probe_every`` and is counted in the run's measured goodput
+   like any other step.
 
-:class:`AdaptiveController` is the default policy. It keeps
+Learning (:meth:`AdaptiveController.observe`): every proposer's full draft offered at decision time is
+scored against the tokens the target committed (censored per-position labels: full-information
+updates for deterministic proposers whether chosen or not, cf. HedgeSpec / "Not-a-Bandit", ICLR 2026);
+the step time updates the cost model's load factor and table; the baseline's counterfactual tokens are
+resolved as the committed tokens arrive.
 
-* an **acceptance model** per proposer: a Bayesian logistic regression
-  (:class:`adaptive_spec.bandits.LogisticThompson`) predicting the per-position acceptance probability
-  ``alpha_j`` (the target accepts draft token j given it accepted 1..j-1) from request features. It learns
-  from every drafted position (censored after the first rejection), and, for every proposer whose full
-  draft was computed, from the tokens the target actually emitted: a draft token at position j would have
-  been accepted exactly when it equals the emitted token there (full-information updates, cf. HedgeSpec /
-  "Not-a-Bandit", ICLR 2026). Rewards never involve batch-mates;
-* a **step-cost model** (:class:`adaptive_spec.cost_model.StepCostModel`): step time from batch size,
-  verified tokens, prefill tokens and the number of requests verifying drafts (a fixed cost per
-  speculating request), learned online.
-
-Decision (SmartSpec's goodput, Liu et al. 2024, generalised to a choice of proposer): the expected number
-of tokens a request emits with ``k`` drafts from proposer ``p`` is ``1 + sum_{j<=k} prod_{i<=j} alpha_i``;
-the controller picks per-request ``(p, k)`` maximising ``sum_i E[tokens_i] / E[step time]``. Per request it
-takes the upper concave hull of its best expected tokens against draft tokens, merges all hulls by
-marginal tokens per draft token, and keeps the prefix with the highest predicted goodput. Exploration
-comes from the acceptance model's posterior: a Thompson draw per request and position (``"thompson"``,
-the default), an upper confidence bound (``"ucb"``), or epsilon-greedy around the posterior mean
-(``"eps-greedy"``, the only mode whose propensities are logged exactly).
+Weak arms cost little: Jacobi drafts need the target's argmax at verified positions, so the controller
+asks the engine for those rows (``Decision.argmax_wanted``) only for requests whose Jacobi drafts it
+will use, plus a shadow sample of one request-step in ``shadow_every`` to keep scoring it.
 """
 
 from __future__ import annotations
 
 import math
-from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from adaptive_spec.arms import NO_SPEC, Arm, check_proposer_name
-from adaptive_spec.bandits import LogisticThompson
+from adaptive_spec.acceptance import (
+    N_MATCH,
+    AcceptanceModel,
+    history_bucket,
+    match_thresholds,
+)
+from adaptive_spec.arms import NO_SPEC, Arm
+from adaptive_spec.baselines import BatchSizeTablePolicy, StaticPolicy, default_baseline
 from adaptive_spec.cost_model import StepCostModel
+from adaptive_spec.cost_table import StepCostTable
+from adaptive_spec.protocol import Decision, SpecPolicy, StepOutcome, StepView
+from adaptive_spec.safety import BaselineTracker, ConservativeGuard
 
-# Request-level features, in this order (a documented context vector; see docs/architecture.md).
-REQUEST_FEATURES = (
-    "bias",
-    "log_output_tokens",  # log1p(tokens generated so far) / 7
-    "temperature",  # min(temperature, 2)
-    "log_batch_size",  # log2(batch size) / 8
-    "log_queue_len",  # log1p(waiting requests) / 5
-    "ema_acceptance_all",  # this request's recent acceptance over all proposers
+EXPLORATION_MODES = ("greedy", "ucb", "thompson", "eps-greedy")
+#: Logged per request in the trace (``Decision.features``), in this order.
+DECISION_FEATURES = (
+    "temperature_bucket",
+    "history_bucket",  # of the chosen proposer (or of the best one when k = 0)
+    "match_bucket",
+    "expected_tokens",  # predicted tokens committed with the played arm
+    "played_baseline",  # 1 when the safety rule played the baseline's decision
 )
-# Per-proposer features appended for a proposer's acceptance model.
-PROPOSER_FEATURES = (
-    "ema_acceptance",  # this request's recent per-position acceptance for this proposer (prior 0.5)
-    "draft_available",  # draft tokens this proposer offers now / max_k
-    "match_length",  # proposer-specific match length (n-gram suffix length) / 8
-)
-POSITION_FEATURES = ("position", "first_position")  # j / max_k, 1[j == 1]
-FEATURE_DIM = len(REQUEST_FEATURES) + len(PROPOSER_FEATURES) + len(POSITION_FEATURES)
-EXPLORATION_MODES = ("thompson", "ucb", "greedy", "eps-greedy")
+DRAFT_FAMILY = ("draft",)
 
 
-@dataclass(slots=True)
-class RequestView:
-    """What a policy sees of one running request at decision time.
-
-    ``drafts[p]`` is the full draft (int64 token ids, length 0..max_k) proposer ``p`` offers now; a
-    proposer absent from ``drafts`` offers nothing. ``max_new_tokens`` is the remaining budget (drafts
-    are capped at ``max_new_tokens - 1``).
-    """
-
-    req_id: str
-    num_output_tokens: int
-    max_new_tokens: int
-    temperature: float = 0.0
-    drafts: dict[str, np.ndarray] = field(default_factory=dict)
-    match_lengths: dict[str, int] = field(default_factory=dict)
+def _is_draft_family(p: str) -> bool:
+    return p in DRAFT_FAMILY or p.startswith("lora:")
 
 
-@dataclass(slots=True)
-class StepView:
-    """The batch a policy decides for. ``batch_size`` is the number of requests expected in the step
-    that verifies these drafts; ``queue_len`` the number waiting."""
-
-    requests: list[RequestView]
-    batch_size: int
-    queue_len: int = 0
-
-
-@dataclass(slots=True)
-class Decision:
-    """Per request (same order as the view): the arm, its propensity (None when not known exactly),
-    and the logged context vector."""
-
-    arms: list[Arm]
-    propensities: list[float | None]
-    features: list[list[float]]
-
-
-@dataclass(slots=True)
-class RequestOutcome:
-    """What one request's verification gave: ``drafted`` draft tokens verified, ``accepted`` of them
-    accepted, ``emitted_token_ids`` the tokens committed (after EOS/stop/length truncation)."""
-
-    req_id: str
-    arm: Arm
-    drafted: int
-    accepted: int
-    emitted_token_ids: list[int]
-    finished: bool = False
-
-
-@dataclass(slots=True)
-class StepOutcome:
-    """One engine step: per-request outcomes, wall time (seconds), requests in the step, draft tokens
-    verified, and prompt (prefill) tokens computed."""
-
-    requests: list[RequestOutcome]
-    step_time_s: float
-    batch_size: int
-    num_verified_tokens: int
-    num_prefill_tokens: int = 0
-
-
-class SpecPolicy(ABC):
-    """Base class: a policy decides arms for a batch and learns from outcomes.
-
-    Subclasses implement :meth:`decide`; :meth:`observe`, :meth:`release` and the state methods default
-    to no-ops for policies that do not learn.
-    """
-
-    name: str = "policy"
-
-    def __init__(self, proposers: list[str], max_k: int) -> None:
-        if not isinstance(max_k, int) or max_k < 0:
-            raise ValueError(f"max_k={max_k!r} is invalid; allowed: an integer >= 0")
-        self.proposers = [check_proposer_name(p) for p in proposers if p != "none"]
-        self.max_k = max_k
-
-    @abstractmethod
-    def decide(self, view: StepView) -> Decision: ...
-
-    def observe(self, outcome: StepOutcome) -> None:  # noqa: B027 (optional hook)
-        """Learn from one step's outcome (default: nothing)."""
-
-    def release(self, req_id: str) -> None:  # noqa: B027 (optional hook)
-        """Drop per-request state when a request finishes (default: nothing)."""
-
-    def num_tracked_requests(self) -> int:
-        return 0
-
-    def state_dict(self) -> dict:
-        return {"name": self.name}
-
-    def load_state_dict(self, state: dict) -> None:  # noqa: B027 (optional hook)
-        """Restore learned state (default: nothing)."""
-
-    def drafter_preference(self, req_id: str, candidates: list[str]) -> str | None:
-        """Which draft-model proposer (``draft`` or ``lora:<name>``) should make ``req_id``'s next
-        drafts: the engine's drafter runs once per step with one adapter per request, so only the chosen
-        one's drafts exist at the next decision. ``None`` (the default) leaves the choice to the caller
-        (keep the adapter of the chosen arm, else the current one)."""
-        return None
-
-
-@dataclass(slots=True)
-class _ReqState:
-    ema_all: float = 0.5
-    ema: dict[str, float] = field(default_factory=dict)
-    # Pending decision: per proposer, (full draft, feature row without position) at decision time.
-    pending: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    pending_temperature: float = 0.0
-    # Request features of the latest decision (for choosing the next drafter adapter).
-    rf: np.ndarray | None = None
-
-
-def matched_prefix(draft: np.ndarray, emitted: list[int] | np.ndarray) -> int:
-    """Length of the longest common prefix of ``draft`` and ``emitted``."""
-    n = min(len(draft), len(emitted))
-    if n == 0:
-        return 0
-    eq = np.asarray(draft[:n]) == np.asarray(emitted[:n])
-    return n if eq.all() else int(np.argmin(eq))
-
-
-def acceptance_rows(draft_len: int, emitted_len: int, matched: int) -> tuple[int, int]:
-    """Censored per-position labels of a draft against emitted tokens.
-
-    Returns ``(n_ones, n_zero)``: positions ``1..n_ones`` are accepted, and ``n_zero`` (0 or 1) rejected
-    positions follow. Positions after the first rejection, or beyond the emitted tokens, are unknown.
-    """
-    n_ones = matched
-    n_zero = 1 if (matched < draft_len and matched < emitted_len) else 0
-    return n_ones, n_zero
+def _pad_drafts(lists: list[np.ndarray], K: int) -> tuple[np.ndarray, np.ndarray]:
+    """Stack variable-length int64 drafts into ``[n, K]`` (padded with -1) and their lengths."""
+    n = len(lists)
+    lens = np.fromiter((min(len(d), K) for d in lists), dtype=np.int64, count=n)
+    out = np.full((n, K), -1, dtype=np.int64)
+    if n and lens.any():
+        flat = np.concatenate([d[:K] for d in lists]).astype(np.int64, copy=False)
+        rows = np.repeat(np.arange(n), lens)
+        cols = np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens)
+        out[rows, cols] = flat
+    return out, lens
 
 
 class AdaptiveController(SpecPolicy):
-    """The default contextual-bandit controller (see the module docstring).
+    """The default controller (see the module docstring).
 
     Parameters
     ----------
     proposers : list of str
         Proposers it may choose from (``none`` is always allowed).
-    max_k : int
+    max_k : int >= 1
         Largest k (the engine's ``num_speculative_tokens``).
-    exploration : {"thompson", "ucb", "greedy", "eps-greedy"}
-        How the acceptance model's uncertainty drives exploration.
+    baseline : str, StaticPolicy or BatchSizeTablePolicy, optional
+        The safe baseline: ``none``, ``static:<proposer>:<k>``, ``table:<proposer>:<s>-<e>=<k>,...``
+        or such a policy object. Default: :func:`~adaptive_spec.baselines.default_baseline` (an n-gram
+        batch-size table when ``ngram`` is enabled, else ``none``).
+    alpha : float in [0, 1)
+        Allowed shortfall against the baseline (0.02: cumulative goodput >= 0.98 x the baseline's).
+        1 - alpha close to 0 disables the safety rule in effect.
+    cost_table : StepCostTable, optional
+        The measured step-cost table (default: a generic prior shape, corrected online).
+    exploration : {"greedy", "ucb", "thompson", "eps-greedy"}
+        How acceptance uncertainty drives choices: posterior means (default; deterministic proposers
+        are scored on every step whether chosen or not, so they need no exploration), an upper
+        confidence bound of ``ucb_bonus`` standard deviations, one Thompson draw per context cell
+        per step, or posterior means with a uniformly random arm per request with probability
+        ``epsilon`` (the only mode whose propensities are exact for off-policy evaluation).
     epsilon : float in [0, 1]
-        Probability of a uniformly random arm per request in ``eps-greedy`` mode.
+    ucb_bonus : float >= 0
     discount : float in (0, 1]
-        Forgetting of the acceptance models (1 = stationary).
-    cost_forgetting : float in (0, 1]
-        Forgetting of the step-cost model.
+        Forgetting of the acceptance counts per step.
     ema : float in (0, 1]
-        Weight of the newest observation in the per-request acceptance history features.
-    ucb_alpha : float >= 0
-        Width of the confidence bound in ``ucb`` mode (standard deviations of the logit).
-    prior_var : float > 0
-        Prior variance of each acceptance-model weight (features are O(1), so the prior logit has a
-        standard deviation of about ``sqrt(prior_var * 3)``: calm early exploration).
-    min_gain : float >= 0
-        Smallest expected gain, in tokens per draft token, worth verifying: drafts below it are never
-        scheduled even when the cost model believes verification is nearly free.
-    seed : int
-        Seeds every random draw.
+        Weight of the newest step in a request's acceptance history.
+    probe_every : int >= 1
+        Steps in a row on one side of the speculate / do-not-speculate boundary before a cost probe.
+    shadow_every : int >= 1
+        A weak proposer (Jacobi) is scored on one request-step in this many.
+    seed : int >= 0
+        Seeds the random draws (Thompson, epsilon-greedy).
 
     Raises
     ------
     ValueError
-        For an unknown proposer or exploration mode, or a parameter outside its range.
+        For an unknown proposer, exploration mode or baseline, or a parameter outside its range.
     """
 
     name = "adaptive"
@@ -239,356 +142,534 @@ class AdaptiveController(SpecPolicy):
         proposers: list[str],
         max_k: int,
         *,
-        exploration: str = "thompson",
+        baseline: str | SpecPolicy | None = None,
+        alpha: float = 0.02,
+        cost_table: StepCostTable | None = None,
+        exploration: str = "greedy",
         epsilon: float = 0.05,
-        discount: float = 0.999,
-        cost_forgetting: float = 0.995,
+        ucb_bonus: float = 1.0,
+        discount: float = 0.9995,
         ema: float = 0.3,
-        ucb_alpha: float = 1.0,
-        min_gain: float = 0.05,
-        prior_var: float = 0.3,
+        probe_every: int = 64,
+        shadow_every: int = 16,
         seed: int = 0,
     ) -> None:
         super().__init__(proposers, max_k)
+        if max_k < 1:
+            raise ValueError(f"max_k={max_k!r} is invalid; allowed: an integer >= 1")
         if exploration not in EXPLORATION_MODES:
             raise ValueError(
                 f"exploration={exploration!r} is not known; allowed: {', '.join(EXPLORATION_MODES)}"
             )
-        if not (0.0 <= epsilon <= 1.0):
+        if not (isinstance(epsilon, int | float) and 0.0 <= epsilon <= 1.0):
             raise ValueError(f"epsilon={epsilon!r} is invalid; allowed: 0 <= epsilon <= 1")
-        if not (min_gain >= 0.0 and math.isfinite(min_gain)):
-            raise ValueError(f"min_gain={min_gain!r} is invalid; allowed: a finite number >= 0")
-        if not (0.0 < ema <= 1.0):
-            raise ValueError(f"ema={ema!r} is invalid; allowed: 0 < ema <= 1")
-        if not (0.0 < cost_forgetting <= 1.0):
-            raise ValueError(
-                f"cost_forgetting={cost_forgetting!r} is invalid; allowed: 0 < cost_forgetting <= 1"
-            )
-        if not (ucb_alpha >= 0.0 and math.isfinite(ucb_alpha)):
-            raise ValueError(f"ucb_alpha={ucb_alpha!r} is invalid; allowed: a finite number >= 0")
+        for name, v in (("ema", ema), ("discount", discount)):
+            if not (isinstance(v, int | float) and 0.0 < v <= 1.0):
+                raise ValueError(f"{name}={v!r} is invalid; allowed: 0 < {name} <= 1")
+        if not (isinstance(ucb_bonus, int | float) and math.isfinite(ucb_bonus) and ucb_bonus >= 0):
+            raise ValueError(f"ucb_bonus={ucb_bonus!r} is invalid; allowed: a finite number >= 0")
+        for name, v in (("probe_every", probe_every), ("shadow_every", shadow_every)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} is invalid; allowed: an integer >= 1")
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
             raise ValueError(f"seed={seed!r} is invalid; allowed: an integer >= 0")
         self.exploration = exploration
         self.epsilon = float(epsilon)
+        self.ucb_bonus = float(ucb_bonus)
         self.ema_weight = float(ema)
-        self.ucb_alpha = float(ucb_alpha)
-        self.min_gain = float(min_gain)
+        self.probe_every = probe_every
+        self.shadow_every = shadow_every
         self.seed = int(seed)
         self.rng = np.random.default_rng(seed)
-        self.models = {
-            p: LogisticThompson(
-                FEATURE_DIM, prior_var=prior_var, discount=discount, seed=seed + 1 + i
-            )
-            for i, p in enumerate(self.proposers)
-        }
-        self.cost = StepCostModel(forgetting=cost_forgetting)
-        self._req: dict[str, _ReqState] = {}
-        self._pos = np.array(
-            [[j / max(max_k, 1), 1.0 if j == 1 else 0.0] for j in range(1, max_k + 1)], dtype=float
-        ).reshape(max_k, 2)
+        self.acceptance = AcceptanceModel(self.proposers, max_k, discount=discount)
+        self.cost = StepCostModel(cost_table)
+        self.guard = ConservativeGuard(alpha)
+        self.tracker = BaselineTracker(max_k)
+        self._set_baseline(baseline)
+        P = len(self.proposers)
+        self._pidx = {p: i for i, p in enumerate(self.proposers)}
+        self._thresholds = np.array([match_thresholds(p) for p in self.proposers]).reshape(P, 3)
+        self._jacobi = self._pidx.get("jacobi", -1)
+        self._draft_family = np.array([_is_draft_family(p) for p in self.proposers], dtype=bool)
+        # Per-request slots.
+        self._slot: dict[str, int] = {}
+        self._free: list[int] = []
+        self._hist_rate = np.zeros((16, P))
+        self._hist_n = np.zeros((16, P))
+        # The last decision, kept for observe (per row of the decided batch).
+        self._pending: dict[str, Any] | None = None
+        self._lam = 0.0
+        self._steps_without_spec = 0
+        self._steps_with_spec = 0
+        self._probe_gap = [min(8, probe_every), min(8, probe_every)]  # without / with speculation
+        self._jacobi_active = False
+        self.log_features = False
         self.n_steps = 0
 
-    # -- features ---------------------------------------------------------------------------
-    def _request_features(self, r: RequestView, st: _ReqState, view: StepView) -> np.ndarray:
-        return np.array(
-            [
-                1.0,
-                math.log1p(max(r.num_output_tokens, 0)) / 7.0,
-                min(max(float(r.temperature), 0.0), 2.0),
-                math.log2(max(view.batch_size, 1)) / 8.0,
-                math.log1p(max(view.queue_len, 0)) / 5.0,
-                st.ema_all,
-            ]
-        )
+    # -- baseline ---------------------------------------------------------------------------------
+    def _set_baseline(self, baseline: str | SpecPolicy | None) -> None:
+        if baseline is None:
+            baseline = default_baseline(self.proposers, self.max_k)
+        if isinstance(baseline, str):
+            from adaptive_spec.policies import make_policy
 
-    def _proposer_features(
-        self, st: _ReqState, p: str, n_avail: int, match_length: int = 0
-    ) -> np.ndarray:
-        return np.array(
-            [
-                st.ema.get(p, 0.5),
-                n_avail / max(self.max_k, 1),
-                min(match_length, 8) / 8.0,
-            ]
-        )
-
-    def _acceptance(self, p: str, base: np.ndarray) -> np.ndarray:
-        """Per-position acceptance for rows ``base`` [n, d-2] -> [n, max_k]."""
-        n = base.shape[0]
-        X = np.concatenate(
-            [np.repeat(base, self.max_k, axis=0), np.tile(self._pos, (n, 1))], axis=1
-        )
-        model = self.models[p]
-        if self.exploration == "thompson":
-            a = model.sample_proba(X)
-        elif self.exploration == "ucb":
-            a = model.ucb_proba(X, alpha=self.ucb_alpha)
+            try:
+                baseline = make_policy(baseline, ["none", *self.proposers], self.max_k)
+            except ValueError as e:
+                raise ValueError(f"baseline={baseline!r} is invalid: {e}") from None
+        if isinstance(baseline, StaticPolicy):
+            arm = baseline.arm
+            self._base_proposer = arm.proposer if arm.k else None
+            self._base_table = [[1, 1 << 30, arm.k]]
+        elif isinstance(baseline, BatchSizeTablePolicy):
+            self._base_proposer = baseline.proposer
+            self._base_table = [list(r) for r in baseline.table]
         else:
-            a = model.predict_proba(X)
-        return a.reshape(n, self.max_k)
+            raise ValueError(
+                f"baseline={baseline!r} is invalid; allowed: none, static:<proposer>:<k>, "
+                "table:<proposer>:<start>-<end>=<k>,... (a proposer this controller enables)"
+            )
+        if self._base_proposer is not None and self._base_proposer not in self.proposers:
+            raise ValueError(
+                f"baseline proposer {self._base_proposer!r} is not enabled; enabled: "
+                f"{', '.join(self.proposers) or 'none'}"
+            )
+        self.baseline_name = baseline.name if self._base_proposer else "none"
 
-    # -- decision -----------------------------------------------------------------------------
-    def decide(self, view: StepView) -> Decision:
-        B = len(view.requests)
-        K = self.max_k
-        if B == 0:
-            return Decision([], [], [])
-        props = [p for p in self.proposers]
-        P = len(props)
-        # best[i, c] = expected tokens with c draft tokens (c = 0..K); who[i, c] = proposer index.
-        best = np.full((B, K + 1), -np.inf)
-        best[:, 0] = 1.0
-        who = np.full((B, K + 1), -1, dtype=np.int64)
-        feats: list[list[float]] = []
-        states: list[_ReqState] = []
-        avail = np.zeros((B, P), dtype=np.int64)
-        per_prop_rows: dict[str, tuple[list[int], list[np.ndarray]]] = {p: ([], []) for p in props}
-        for i, r in enumerate(view.requests):
-            st = self._req.get(r.req_id)
-            if st is None:
-                st = self._req[r.req_id] = _ReqState()
-            states.append(st)
-            rf = self._request_features(r, st, view)
-            st.rf = rf
-            feats.append([float(v) for v in rf])
-            st.pending = {}
-            st.pending_temperature = float(r.temperature)
-            cap = max(min(K, r.max_new_tokens - 1), 0)
-            for pi, p in enumerate(props):
-                d = r.drafts.get(p)
-                n = 0 if d is None else min(len(d), cap)
-                avail[i, pi] = n
-                if d is not None and len(d) > 0:
-                    base = np.concatenate(
-                        [
-                            rf,
-                            self._proposer_features(
-                                st, p, min(len(d), K), r.match_lengths.get(p, 0)
-                            ),
-                        ]
-                    )
-                    st.pending[p] = (np.asarray(d[:K], dtype=np.int64), base)
-                    if n > 0:
-                        per_prop_rows[p][0].append(i)
-                        per_prop_rows[p][1].append(base)
-        for pi, p in enumerate(props):
-            idx, rows = per_prop_rows[p]
-            if not idx:
-                continue
-            a = self._acceptance(p, np.stack(rows))  # [n, K]
-            exp_tok = 1.0 + np.cumsum(np.cumprod(a, axis=1), axis=1)  # E[tokens | c drafts], c=1..K
-            for row, i in enumerate(idx):
-                n = avail[i, pi]
-                cand = exp_tok[row, :n]
-                better = cand > best[i, 1 : n + 1]
-                best[i, 1 : n + 1] = np.where(better, cand, best[i, 1 : n + 1])
-                who[i, 1 : n + 1] = np.where(better, pi, who[i, 1 : n + 1])
-        ks = self._allocate(best, view.batch_size)
-        arms: list[Arm] = []
-        propensities: list[float | None] = []
-        for i in range(B):
-            k = int(ks[i])
-            arm = NO_SPEC if k == 0 else Arm(props[int(who[i, k])], k)
-            prop: float | None = None
-            if self.exploration == "eps-greedy":
-                options = [NO_SPEC] + [
-                    Arm(p, c) for pi, p in enumerate(props) for c in range(1, int(avail[i, pi]) + 1)
-                ]
-                if self.rng.random() < self.epsilon:
-                    arm = options[int(self.rng.integers(len(options)))]
-                prop = (1.0 - self.epsilon) * (
-                    1.0 if arm == (NO_SPEC if k == 0 else Arm(props[int(who[i, k])], k)) else 0.0
-                )
-                prop += self.epsilon / len(options)
-            elif self.exploration == "greedy":
-                prop = 1.0
-            arms.append(arm)
-            propensities.append(prop)
-        self.n_steps += 1
-        return Decision(arms, propensities, feats)
+    def baseline_k(self, batch_size: int) -> int:
+        """The baseline's k at ``batch_size`` (0 outside every table row)."""
+        for start, end, k in self._base_table:
+            if start <= batch_size <= end:
+                return min(int(k), self.max_k)
+        return 0
 
-    def _allocate(self, best: np.ndarray, batch_size: int) -> np.ndarray:
-        """Draft tokens per request maximising predicted goodput (see the module docstring)."""
-        B, K1 = best.shape
-        cur = np.zeros(B, dtype=np.int64)
-        seg_req: list[np.ndarray] = []
-        seg_slope: list[np.ndarray] = []
-        seg_dc: list[np.ndarray] = []
-        seg_de: list[np.ndarray] = []
-        seg_new: list[np.ndarray] = []
-        cs = np.arange(K1)
-        # A request's first draft token also pays the per-request cost: in draft-token equivalents.
-        _, _, c_tok, _, c_req = self.cost.coefficients()
-        first_extra = c_req / c_tok if c_tok > 0 else 0.0
-        active = np.ones(B, dtype=bool)
-        rows = np.arange(B)
-        for _ in range(K1 - 1):
-            if not active.any():
-                break
-            base_e = best[rows, cur]
-            dc = cs[None, :] - cur[:, None]
-            cost = dc + np.where(cur == 0, first_extra, 0.0)[:, None]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                slope = np.where(dc > 0, (best - base_e[:, None]) / np.maximum(cost, 1), -np.inf)
-            slope[~np.isfinite(slope)] = -np.inf
-            nxt = np.argmax(slope, axis=1)
-            s = slope[rows, nxt]
-            ok = active & (s > self.min_gain)
-            if not ok.any():
-                break
-            seg_req.append(rows[ok])
-            seg_slope.append(s[ok])
-            seg_dc.append((nxt - cur)[ok])
-            seg_new.append((cur == 0)[ok])
-            seg_de.append((best[rows, nxt] - base_e)[ok])
-            cur = np.where(ok, nxt, cur)
-            active = ok
-        ks = np.zeros(B, dtype=np.int64)
-        if not seg_req:
-            return ks
-        req = np.concatenate(seg_req)
-        slope = np.concatenate(seg_slope)
-        dcs = np.concatenate(seg_dc)
-        des = np.concatenate(seg_de)
-        new = np.concatenate(seg_new)
-        order = np.argsort(-slope, kind="stable")
-        cum_v = np.concatenate([[0], np.cumsum(dcs[order])])
-        cum_r = np.concatenate([[0], np.cumsum(new[order])])
-        cum_e = B + np.concatenate([[0.0], np.cumsum(des[order])])
-        goodput = cum_e / self.cost.predict(max(batch_size, B), cum_v, speculating_requests=cum_r)
-        m = int(np.argmax(goodput))
-        np.add.at(ks, req[order[:m]], dcs[order[:m]])
-        return ks
-
-    # -- learning -----------------------------------------------------------------------------
-    def observe(self, outcome: StepOutcome) -> None:
-        self.cost.update(
-            outcome.batch_size,
-            outcome.num_verified_tokens,
-            outcome.step_time_s,
-            outcome.num_prefill_tokens,
-            speculating_requests=sum(1 for o in outcome.requests if o.drafted > 0),
-        )
-        X_by: dict[str, list[np.ndarray]] = {p: [] for p in self.proposers}
-        y_by: dict[str, list[np.ndarray]] = {p: [] for p in self.proposers}
-        K = self.max_k
-        w = self.ema_weight
-        for o in outcome.requests:
-            st = self._req.get(o.req_id)
-            if st is None or not st.pending:
-                continue
-            emitted = o.emitted_token_ids
-            stochastic_draft = st.pending_temperature > 0
-            rates = []
-            for p, (draft, base) in st.pending.items():
-                if p == o.arm.proposer and stochastic_draft and p.startswith(("draft", "lora:")):
-                    # A sampled draft is judged by rejection sampling, not by equality: use the outcome.
-                    n_ones = o.accepted
-                    n_zero = 1 if o.accepted < o.drafted else 0
-                else:
-                    m = matched_prefix(draft, emitted)
-                    n_ones, n_zero = acceptance_rows(len(draft), len(emitted), m)
-                n = min(n_ones + n_zero, K)
-                if n == 0:
-                    continue
-                y = np.zeros(n)
-                y[: min(n_ones, n)] = 1.0
-                X = np.concatenate([np.repeat(base[None, :], n, axis=0), self._pos[:n]], axis=1)
-                X_by[p].append(X)
-                y_by[p].append(y)
-                rate = float(y.mean())
-                st.ema[p] = (1 - w) * st.ema.get(p, 0.5) + w * rate
-                rates.append(rate)
-            if rates:
-                st.ema_all = (1 - w) * st.ema_all + w * float(np.mean(rates))
-            st.pending = {}
-            if o.finished:
-                self._req.pop(o.req_id, None)
-        for p in self.proposers:
-            if X_by[p]:
-                self.models[p].learn_batch(np.concatenate(X_by[p]), np.concatenate(y_by[p]))
+    # -- per-request slots --------------------------------------------------------------------------
+    def _slots_for(self, req_ids: list[str], positions: np.ndarray) -> np.ndarray:
+        out = np.empty(len(req_ids), dtype=np.int64)
+        slot = self._slot
+        for i, rid in enumerate(req_ids):
+            s = slot.get(rid)
+            if s is None:
+                s = self._free.pop() if self._free else len(slot)
+                slot[rid] = s
+                if s >= self._hist_rate.shape[0]:
+                    grow = max(2 * self._hist_rate.shape[0], s + 1)
+                    for name in ("_hist_rate", "_hist_n"):
+                        old = getattr(self, name)
+                        new = np.zeros((grow, old.shape[1]))
+                        new[: old.shape[0]] = old
+                        setattr(self, name, new)
+                self._hist_rate[s] = 0.0
+                self._hist_n[s] = 0.0
+                self.tracker.reset_slot(s, int(positions[i]))
+            out[i] = s
+        self.tracker.ensure(int(out.max()) + 1 if len(out) else 0)
+        stale = self.tracker.length[out] != positions
+        for i in np.flatnonzero(stale):  # a step we did not observe: resynchronise that request
+            self.tracker.reset_slot(int(out[i]), int(positions[i]))
+        return out
 
     def release(self, req_id: str) -> None:
-        self._req.pop(req_id, None)
+        s = self._slot.pop(req_id, None)
+        if s is not None:
+            self.tracker.reset_slot(s, 0)
+            self._free.append(s)
 
     def num_tracked_requests(self) -> int:
-        return len(self._req)
+        return len(self._slot)
 
+    # -- decision -----------------------------------------------------------------------------------
+    def _alpha_table(self) -> np.ndarray:
+        if self.exploration == "thompson":
+            return self.acceptance.sample(self.rng)
+        if self.exploration == "ucb":
+            return self.acceptance.optimistic(self.ucb_bonus)
+        return self.acceptance.table()
+
+    def decide(self, view: StepView) -> Decision:
+        reqs = view.requests
+        N = len(reqs)
+        K = self.max_k
+        P = len(self.proposers)
+        if N == 0 or P == 0:
+            self._pending = None
+            self.n_steps += 1
+            return Decision([NO_SPEC] * N, [1.0] * N, [[] for _ in range(N)])
+        req_ids = [r.req_id for r in reqs]
+        pos = np.fromiter((r.num_output_tokens for r in reqs), dtype=np.int64, count=N)
+        cap = np.clip(
+            np.fromiter((r.max_new_tokens for r in reqs), dtype=np.int64, count=N) - 1, 0, K
+        )
+        temp = np.fromiter((r.temperature > 0 for r in reqs), dtype=np.int64, count=N)
+        slots = self._slots_for(req_ids, pos)
+        drafts = np.full((N, P, K), -1, dtype=np.int64)
+        avail = np.zeros((N, P), dtype=np.int64)
+        match = np.zeros((N, P), dtype=np.int64)
+        empty = np.zeros(0, dtype=np.int64)
+        for pi, p in enumerate(self.proposers):
+            d, n = _pad_drafts([r.drafts.get(p, empty) for r in reqs], K)
+            drafts[:, pi] = d
+            avail[:, pi] = np.minimum(n, cap)
+            ml = np.fromiter((r.match_lengths.get(p, 0) for r in reqs), dtype=np.int64, count=N)
+            match[:, pi] = (ml[:, None] >= self._thresholds[pi][None, :]).sum(axis=1)
+        match = np.minimum(match, N_MATCH - 1)
+        hist = history_bucket(self._hist_rate[slots], self._hist_n[slots])  # [N, P]
+        pidx = np.broadcast_to(np.arange(P), (N, P))
+        tb = np.broadcast_to(temp[:, None], (N, P))
+        cells = self.acceptance.cell(pidx, tb, hist, match)  # [N, P]
+        alpha = self._alpha_table()[cells]  # [N, P, K]
+        jpos = np.arange(K)
+        offered = jpos[None, None, :] < avail[:, :, None]
+        gains = np.where(offered, np.cumprod(alpha, axis=2), 0.0)  # P(token j accepted)
+        exp_tok = 1.0 + np.cumsum(gains, axis=2)  # E[tokens | c = j + 1 drafts]
+        # Proposer per request: max over c of E(c) - lambda * c (c = 0 gives 1).
+        value = exp_tok - self._lam * (jpos + 1)[None, None, :]
+        value = np.where(offered, value, -np.inf)
+        best_c_val = value.max(axis=2)  # [N, P]
+        choice = best_c_val.argmax(axis=1) if P else np.zeros(N, dtype=np.int64)
+        rows = np.arange(N)
+        g = gains[rows, choice] if P else np.zeros((N, K))  # [N, K]
+        g = np.where(jpos[None, :] < avail[rows, choice][:, None], g, -np.inf)
+        ks, lam, t_curve, v_max = self._allocate(g, view.batch_size, N)
+        # Baseline decision.
+        kb_all = self.baseline_k(view.batch_size)
+        bp = self._pidx.get(self._base_proposer, -1) if self._base_proposer else -1
+        kb = np.minimum(kb_all, avail[:, bp]) if bp >= 0 else np.zeros(N, dtype=np.int64)
+        played_base = False
+        probe = False
+        same = np.array_equal(ks, kb) and (bp < 0 or bool((choice[ks > 0] == bp).all()))
+        V = int(ks.sum())
+        Vb = int(kb.sum())
+        e_ctrl = N + float(np.where(jpos[None, :] < ks[:, None], g, 0.0).sum())
+        if not same:
+            t_pred = (
+                float(t_curve[V]) if v_max >= V else float(self.cost.predict(view.batch_size, V))
+            )
+            tb_pred = float(self.cost.predict(view.batch_size, Vb))
+            gsel = np.where(jpos[None, :] < ks[:, None], g, 0.0)
+            var = float((gsel * (1 - gsel)).sum())
+            lcb = max(float(N), e_ctrl - 2.0 * math.sqrt(var))
+            ucb_t = t_pred * math.exp(2.0 * self.cost.abs_log_residual)
+            e_base = N + float(
+                np.where(jpos[None, :] < kb[:, None], gains[:, bp] if bp >= 0 else 0.0, 0.0).sum()
+            )
+            fallback = e_base / max(tb_pred, 1e-9)
+            if not self.guard.allows(lcb, ucb_t, fallback):
+                ks, choice_played, played_base = kb, np.full(N, bp), True
+            else:
+                choice_played = choice
+        else:
+            choice_played = choice
+        # Cost probes: the table is only corrected where steps are observed, so neither side of the
+        # speculate / do-not-speculate boundary may go unmeasured for long.
+        # The interval starts at 8 steps and doubles after each probe up to probe_every.
+        V = int(ks.sum())
+        if V == 0:
+            self._steps_without_spec += 1
+            self._steps_with_spec = 0
+            if self._steps_without_spec >= self._probe_gap[0] and np.isfinite(g).any():
+                ks, choice_played, probe = self._probe(g), choice, True
+                self._steps_without_spec = 0
+                self._probe_gap[0] = min(2 * self._probe_gap[0], self.probe_every)
+        else:
+            self._steps_with_spec += 1
+            self._steps_without_spec = 0
+            if self._steps_with_spec >= self._probe_gap[1]:
+                self._steps_with_spec = 0
+                if not self.cost.trusted(view.batch_size, 0):
+                    ks, probe = np.zeros(N, dtype=np.int64), True
+                    self._probe_gap[1] = min(2 * self._probe_gap[1], self.probe_every)
+        if probe:
+            self.guard.probes += 1
+        self._lam = lam
+        # Arms.
+        arms: list[Arm] = []
+        props = self.proposers
+        kl = ks.tolist()
+        cl = choice_played.tolist()
+        for k, c in zip(kl, cl, strict=True):
+            arms.append(NO_SPEC if k == 0 or c < 0 else Arm(props[c], k))
+        propensities: list[float | None] = [None if self.exploration == "thompson" else 1.0] * N
+        if self.exploration == "eps-greedy":
+            arms, propensities = self._eps_greedy(arms, avail)
+        # Which requests the engine should record target argmax rows for (Jacobi's next draft).
+        argmax_wanted = None
+        if self._jacobi >= 0:
+            j = self._jacobi
+            self._jacobi_active = bool((gains[:, j, 0] >= max(lam, 1e-9)).any())
+            if self._jacobi_active:
+                argmax_wanted = [True] * N
+            else:
+                shadow = (slots + self.n_steps) % self.shadow_every == 0
+                argmax_wanted = shadow.tolist()
+        feats: list[list[float]] = []
+        if self.log_features:
+            exp_played = np.where(jpos[None, :] < ks[:, None], g, 0.0).sum(axis=1) + 1.0
+            cp = np.where(choice_played >= 0, choice_played, choice)
+            for i in range(N):
+                feats.append(
+                    [
+                        float(temp[i]),
+                        float(hist[i, cp[i]]) if P else 0.0,
+                        float(match[i, cp[i]]) if P else 0.0,
+                        round(float(exp_played[i]), 4),
+                        1.0 if played_base else 0.0,
+                    ]
+                )
+        else:
+            feats = [[] for _ in range(N)]
+        # Baseline counterfactual for the safety rule.
+        if bp >= 0:
+            bdraft = np.where(jpos[None, :] < kb[:, None], drafts[:, bp], -1)
+        else:
+            bdraft = np.full((N, K), -1, dtype=np.int64)
+        self.tracker.add_drafts(self.n_steps, slots, pos, bdraft, kb)
+        self._pending = {
+            "step": self.n_steps,
+            "req_ids": req_ids,
+            "index": {rid: i for i, rid in enumerate(req_ids)},
+            "slots": slots,
+            "drafts": drafts,
+            "avail": avail,
+            "temp": temp,
+            "hist": hist,
+            "match": match,
+            "batch_size": view.batch_size,
+            "Vb": Vb,
+        }
+        self.n_steps += 1
+        info = {"played_baseline": played_base, "probe": probe, "lambda": round(lam, 4)}
+        return Decision(arms, propensities, feats, argmax_wanted, info)
+
+    def _allocate(
+        self, g: np.ndarray, batch_size: int, N: int
+    ) -> tuple[np.ndarray, float, np.ndarray, int]:
+        """Draft tokens per request maximising predicted goodput (step 3 of the module docstring).
+
+        ``g``: float64 [N, K], the gain of each request's j-th draft token (``-inf`` where not offered),
+        non-increasing along j. Returns ``(ks, lambda, t_curve, v_max)``."""
+        K = self.max_k
+        flat = g.reshape(-1)
+        order = np.argsort(-flat, kind="stable")
+        finite = np.isfinite(flat)
+        v_max = int(finite.sum())
+        t_curve = self.cost.curve(max(batch_size, N), v_max)
+        if v_max == 0:
+            return np.zeros(N, dtype=np.int64), 0.0, t_curve, 0
+        top = flat[order[:v_max]]
+        tokens = N + np.concatenate([[0.0], np.cumsum(top)])
+        goodput = tokens / t_curve
+        V = int(np.argmax(goodput))
+        ks = np.bincount(order[:V] // K, minlength=N).astype(np.int64)
+        # Marginal value of a draft token at the optimum: goodput x marginal time per token.
+        nxt = min(V + 1, v_max)
+        dt = (t_curve[nxt] - t_curve[V]) / max(nxt - V, 1) if nxt > V else t_curve[V] * 0.01
+        lam = float(goodput[V] * max(dt, 0.0))
+        return ks, lam, t_curve, v_max
+
+    def _probe(self, g: np.ndarray) -> np.ndarray:
+        """A verification to keep measuring what speculation costs, at a realistic operating point:
+        the draft tokens whose predicted acceptance is at least 0.25 (at least the best one, at most
+        ``max(4, N // 4)`` of them, so a probe costs a fraction of a step)."""
+        N, K = g.shape
+        flat = np.where(np.isfinite(g), g, -1.0).reshape(-1)
+        order = np.argsort(-flat, kind="stable")
+        n = int((flat >= 0.25).sum())
+        n = min(max(n, 1), max(4, N // 4), int((flat >= 0).sum()))
+        return np.bincount(order[:n] // K, minlength=N).astype(np.int64)
+
+    def _eps_greedy(
+        self, arms: list[Arm], avail: np.ndarray
+    ) -> tuple[list[Arm], list[float | None]]:
+        out, props = [], []
+        for i, arm in enumerate(arms):
+            options = [NO_SPEC] + [
+                Arm(p, c)
+                for pi, p in enumerate(self.proposers)
+                for c in range(1, int(avail[i, pi]) + 1)
+            ]
+            pick = arm
+            if self.rng.random() < self.epsilon:
+                pick = options[int(self.rng.integers(len(options)))]
+            prop = (1.0 - self.epsilon) * (1.0 if pick == arm else 0.0) + self.epsilon / len(
+                options
+            )
+            out.append(pick)
+            props.append(prop)
+        return out, props
+
+    # -- learning -----------------------------------------------------------------------------------
+    def observe(self, outcome: StepOutcome) -> None:
+        """Learn from one step (see the module docstring)."""
+        t = outcome.step_time_s
+        self.cost.update(
+            outcome.batch_size, outcome.num_verified_tokens, t, outcome.num_prefill_tokens
+        )
+        pend, self._pending = self._pending, None
+        if pend is None:  # nothing was decided for this step (prefill only): not the guard's
+            self._finish_released(outcome)
+            return
+        index = pend["index"]
+        seen = [(index[o.req_id], o) for o in outcome.requests if o.req_id in index]
+        # The safety rule compares the decided requests' tokens with the baseline's on them.
+        self.guard.add_step(float(sum(len(o.emitted_token_ids) for _, o in seen)), t)
+        if seen:
+            rows = np.fromiter((i for i, _ in seen), dtype=np.int64, count=len(seen))
+            emitted = [np.asarray(o.emitted_token_ids, dtype=np.int64) for _, o in seen]
+            self._learn(pend, rows, emitted)
+            slots = pend["slots"][rows]
+            self.tracker.commit(slots, emitted)
+        # The step's time under the baseline: measured + the table's difference.
+        if math.isfinite(t) and t > 0:
+            B = pend["batch_size"]
+            diff = self.cost.predict(B, pend["Vb"]) - self.cost.predict(
+                B, outcome.num_verified_tokens
+            )
+            run_tokens = float(sum(len(o.emitted_token_ids) for _, o in seen))
+            self.tracker.set_step_times(pend["step"], max(t + diff, 1e-9), run_tokens, t)
+        finished = np.zeros(self.tracker.ring.shape[0], dtype=bool)
+        for o in outcome.requests:
+            s = self._slot.get(o.req_id)
+            if o.finished and s is not None:
+                finished[s] = True
+        for _, rec in self.tracker.resolve(finished if finished.any() else None):
+            base_tokens, _, base_time, run_tokens, run_time = rec
+            self.guard.add_resolved(base_tokens, base_time, run_tokens, run_time)
+        self._finish_released(outcome)
+
+    def _finish_released(self, outcome: StepOutcome) -> None:
+        for o in outcome.requests:
+            if o.finished:
+                self.release(o.req_id)
+
+    def _learn(self, pend: dict[str, Any], rows: np.ndarray, emitted: list[np.ndarray]) -> None:
+        """Censored per-position labels of every offered draft against the committed tokens."""
+        K = self.max_k
+        P = len(self.proposers)
+        if P == 0:
+            return
+        em, elen = _pad_drafts(emitted, K + 1)
+        drafts = pend["drafts"][rows]  # [n, P, K]
+        avail = pend["avail"][rows]  # [n, P]
+        known = np.minimum(avail, elen[:, None])  # positions judged
+        j = np.arange(K)
+        eq = drafts == em[:, None, :K]
+        valid = j[None, None, :] < known[:, :, None]
+        miss = valid & ~eq
+        first_miss = np.where(miss.any(axis=2), miss.argmax(axis=2), K)
+        n_ones = np.minimum(first_miss, known)
+        n_zero = ((n_ones < known) & (n_ones < avail)).astype(np.int64)
+        has = (n_ones + n_zero) > 0  # [n, P]
+        if not has.any():
+            return
+        ri, pi = np.nonzero(has)
+        self.acceptance.update(
+            pi,
+            pend["temp"][rows][ri],
+            pend["hist"][rows][ri, pi],
+            pend["match"][rows][ri, pi],
+            n_ones[ri, pi],
+            n_zero[ri, pi],
+        )
+        # Per-request history: moving average of the per-position acceptance rate.
+        slots = pend["slots"][rows][ri]
+        rate = n_ones[ri, pi] / np.maximum(n_ones[ri, pi] + n_zero[ri, pi], 1)
+        w = self.ema_weight
+        cur = self._hist_rate[slots, pi]
+        first = self._hist_n[slots, pi] == 0
+        self._hist_rate[slots, pi] = np.where(first, rate, (1 - w) * cur + w * rate)
+        self._hist_n[slots, pi] += 1
+
+    # -- other verbs --------------------------------------------------------------------------------
     def drafter_preference(self, req_id: str, candidates: list[str]) -> str | None:
-        """Thompson sampling (UCB / posterior mean in those modes) over the draft-model proposers:
-        the candidate with the largest sampled expected accepted length at ``max_k`` for this request
-        (its latest request features and its acceptance history with each candidate; an untried
-        candidate starts at the prior). Candidates not in this controller's proposers are ignored;
-        returns ``None`` when none is left."""
-        cands = [p for p in candidates if p in self.models]
+        """The draft-model proposer (``draft`` / ``lora:<name>``) with the highest upper confidence
+        bound on expected accepted length at ``max_k`` for this request (its history bucket with
+        each; a candidate never observed is tried first). ``None`` if no candidate is enabled
+        here."""
+        cands = [p for p in candidates if p in self._pidx]
         if not cands:
             return None
         if len(cands) == 1:
             return cands[0]
-        st = self._req.get(req_id) or _ReqState()
-        rf = st.rf
-        if rf is None:
-            rf = np.zeros(len(REQUEST_FEATURES))
-            rf[0] = 1.0
-            rf[-1] = st.ema_all
+        untried = [p for p in cands if self.acceptance.tri[self._pidx[p]].sum() == 0]
+        if untried:  # every candidate gets tried once
+            return untried[0]
+        s = self._slot.get(req_id)
+        ucb = self.acceptance.optimistic(1.0)
         scores = []
         for p in cands:
-            base = np.concatenate([rf, self._proposer_features(st, p, self.max_k)])
-            a = self._acceptance(p, base[None, :])[0]
-            scores.append(float(np.cumprod(a).sum()))
+            pi = self._pidx[p]
+            h = 0
+            if s is not None:
+                h = int(
+                    history_bucket(self._hist_rate[s, pi : pi + 1], self._hist_n[s, pi : pi + 1])[0]
+                )
+            c = self.acceptance.cell(np.array([pi]), np.array([0]), np.array([h]), np.array([0]))
+            scores.append(float(np.cumprod(ucb[c[0]]).sum()))
         return cands[int(np.argmax(scores))]
 
     def estimated_acceptance(self) -> dict[str, float]:
-        """Posterior-mean first-position acceptance per proposer for a neutral request (for metrics)."""
+        """Posterior-mean first-position acceptance per proposer for a greedy request with no history
+        and its proposer's best match bucket (for metrics)."""
         out = {}
-        for p, model in self.models.items():
-            base = np.zeros(FEATURE_DIM)
-            base[0] = 1.0
-            base[len(REQUEST_FEATURES)] = 0.5
-            base[len(REQUEST_FEATURES) + 1] = 1.0
-            base[-2] = 1.0 / max(self.max_k, 1)
-            base[-1] = 1.0
-            out[p] = float(model.predict_proba(base[None, :])[0])
+        for p, pi in self._pidx.items():
+            c = self.acceptance.cell(
+                np.array([pi]), np.array([0]), np.array([0]), np.array([N_MATCH - 1])
+            )
+            out[p] = float(self.acceptance.table()[c[0], 0])
         return out
 
-    # -- state --------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """What the controller learned and how the safety rule stands (for ``AdaptiveSpec.stats``)."""
+        return {
+            "baseline": self.baseline_name,
+            "guard": self.guard.as_dict(),
+            "load_factor": round(self.cost.load, 4),
+            "cost_table": self.cost.table.source,
+            "speculation_overhead_ms": {
+                str(b): round(1e3 * self.cost.load * self.cost.table.speculation_overhead(b), 3)
+                for b in (1, 4, 16)
+            },
+            "estimated_acceptance": {
+                p: round(a, 4) for p, a in self.estimated_acceptance().items()
+            },
+        }
+
+    # -- state --------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {
             "name": self.name,
             "proposers": list(self.proposers),
             "max_k": self.max_k,
-            "feature_dim": FEATURE_DIM,
-            "models": {p: m.state_dict() for p, m in self.models.items()},
+            "acceptance": self.acceptance.state_dict(),
             "cost": self.cost.state_dict(),
             "n_steps": self.n_steps,
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore learned state. Raises ValueError when the state does not fit this controller
-        (other proposers, max_k or feature layout); nothing is changed then."""
+    def load_state_dict(self, state: dict, *, max_weight: float | None = 200.0) -> None:
+        """Restore learned state: acceptance counts of the proposers both share (each cell capped at
+        ``max_weight`` observations, so new traffic moves it) and the cost table (its load factor
+        restarts at 1). Raises ValueError when the state does not fit (other ``max_k`` or cell layout,
+        no proposer in common, or a malformed part); nothing is changed then."""
         if not isinstance(state, dict) or state.get("name") != self.name:
             raise ValueError(f"policy state is not an {self.name!r} controller state")
-        if state.get("feature_dim") != FEATURE_DIM or state.get("max_k") != self.max_k:
+        if state.get("max_k") != self.max_k:
             raise ValueError(
-                f"policy state has feature_dim={state.get('feature_dim')}, max_k={state.get('max_k')}; "
-                f"this controller has feature_dim={FEATURE_DIM}, max_k={self.max_k}"
-            )
-        if not isinstance(state.get("models"), dict) or sorted(state["models"]) != sorted(
-            self.models
-        ):
-            raise ValueError(
-                f"policy state has proposers {sorted(state.get('models', {}))}; this controller has {sorted(self.models)}"
+                f"policy state has max_k={state.get('max_k')}; this controller has max_k={self.max_k}"
             )
         n_steps = state.get("n_steps", 0)
         if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 0:
             raise ValueError(f"policy state has n_steps={n_steps!r}; expected an integer >= 0")
-        new_models = {}
-        for p in self.models:
-            m = LogisticThompson(FEATURE_DIM)
-            m.load_state_dict(state["models"][p])
-            new_models[p] = m
+        saved = (state.get("acceptance") or {}).get("proposers")
+        if isinstance(saved, list) and saved and not set(saved) & set(self.proposers):
+            raise ValueError(
+                f"policy state has proposers {saved}; this controller has {self.proposers} "
+                "(none in common)"
+            )
+        acc = AcceptanceModel(self.proposers, self.max_k, discount=self.acceptance.discount)
+        acc.load_state_dict(state.get("acceptance") or {}, max_weight=max_weight)
         cost = StepCostModel()
-        cost.load_state_dict(state["cost"])
+        cost.load_state_dict(state.get("cost") or {})
         # Everything parsed and validated: only now replace the learned state (never half-loaded).
-        self.models, self.cost = new_models, cost
+        self.acceptance, self.cost = acc, cost
         self.n_steps = n_steps

@@ -1,53 +1,55 @@
-"""Online model of engine step time.
+"""Online step-cost model: a measured table, one load factor for drift, slow per-cell corrections.
 
-The step time of a speculative engine is, to first order, linear in the batch size ``B`` and the number
-of draft tokens verified ``V`` (plus a draft-model term when a draft model runs), but the coefficients
-depend on the hardware and drift with load, so they are measured, never assumed: recursive least squares
-with exponential forgetting (Haykin, *Adaptive Filter Theory*, ch. 10) on
-``step_time ~ c0 + c1 * B + c2 * V + c3 * P + c4 * R``, where ``P`` counts prompt (prefill) tokens
-computed in the step (prefill steps cost far more than decode steps and would otherwise be confused with
-verification) and ``R`` the requests that verify at least one draft token: on vLLM's CPU build a
-request's first draft token costs about twice the next ones (measured in ``docs/benchmarks.md``: at
-batch 4, k = 1 for every request adds about 2 ms per draft token, k = 8 about 1 ms, i.e. about 1.1 ms
-per speculating request plus 0.9 ms per draft token), a fixed cost per speculating request that a
-purely linear model in ``V`` spreads over the tokens, which makes short low-acceptance drafts look cheap. Forgetting keeps the local linearisation near the current
-operating point, where the true curve is not linear (NOTES.md: verifying 8 tokens costs about 1.15x one
-token at batch 1 and 1.37x at batch 4 on the CPU here).
+``t(B, V) = load * table(B, V)`` where ``table`` is a :class:`~adaptive_spec.cost_table.StepCostTable`
+(calibrated on this engine, shipped for the embedded default, or a generic prior) and ``load`` is an
+exponential moving average of ``log(observed / table)`` over decode steps: the machine getting slower
+or faster (a noisy neighbour, thermal limits) moves ``load`` within a few steps. Because ``load``
+multiplies every cell, it never changes which allocation has the best goodput: it rescales time.
 
-Coefficients are clipped at the floor ``min_coef`` when predicting, so the model never claims that
-verification is free or that time can be negative, and a step time that is NaN, infinite, zero or
-negative is ignored and counted, never learned from.
+The shape of the table is corrected slowly: each decode step's residual ``log(observed / (load *
+table))`` is accumulated in the grid cell nearest to its ``(B, V)``; every ``refresh_every`` steps the
+residuals are centred (their weighted mean over the observed cells is drift, which the load factor
+follows; only differences between cells say the shape is wrong),
+each cell with data moves toward its observations by ``n / (n + w)`` of its mean residual (``w``: the
+measurements behind the cell, between 1 and ``prior_weight``; each residual clipped to a factor of 3,
+so a stall cannot move a cell far and a badly wrong cell is repaired over a few refreshes), cells
+without data take the correction interpolated between the corrected cells of their row (rows without
+data: the nearest row's), and the table is made monotone again. A table that is wrong (e.g. claims that a draft token costs
+100 ms) is thereby repaired wherever steps are observed; the controller's probes make sure some are.
+
+Steps that also prefill prompt tokens are not learned from (their cost is dominated by the prefill);
+their extra time per prompt token is tracked separately for reporting. A step time that is NaN,
+infinite, zero or negative is ignored and counted.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
-FEATURES = ("bias", "batch_size", "verified_tokens", "prefill_tokens", "speculating_requests")
-# Weak prior, relative to the first observed step time t0 (a Bayesian prior that measurements replace):
-# intercept t0 (sd t0), per request 0 (sd t0 / 4), per verified token 2 % of t0 (sd 2 % of t0; NOTES.md
-# measured 2-5 % per token on this CPU), per prefill token 0 (sd 1 % of t0), per speculating request 0
-# (sd 5 % of t0).
-PRIOR_MEAN = (1.0, 0.0, 0.02, 0.0, 0.0)
-PRIOR_SD = (1.0, 0.25, 0.02, 0.01, 0.05)
-# Expected step-time noise, relative to t0. RLS's P is the coefficient covariance divided by the noise
-# variance, so the prior enters as (PRIOR_SD / NOISE_SD)^2.
-NOISE_SD = 0.1
+from adaptive_spec.cost_table import StepCostTable, make_monotone, nearest_index, prior_table
+
+#: Largest |log ratio| one observation may move the load factor by (a 1 s stall is not a new regime).
+MAX_LOG_RATIO = math.log(3.0)
 
 
 class StepCostModel:
-    """Recursive least squares for step time (seconds) from ``(batch_size, verified_tokens)``.
+    """Step time in seconds from ``(batch_size, draft tokens verified)``, learned online.
 
     Parameters
     ----------
-    forgetting : float in (0, 1]
-        Weight kept by past observations at each update (1 = stationary).
-    prior_scale : float > 0
-        Multiplies the prior standard deviations (``PRIOR_SD``, relative to the first observed step time).
-    min_coef : float >= 0
-        Floor on the per-request and per-token coefficients when predicting (seconds).
+    table : StepCostTable, optional
+        The measured table (default: :func:`~adaptive_spec.cost_table.prior_table`, scaled to the first
+        decode step observed).
+    load_rate : float in (0, 1]
+        Weight of the newest decode step in the load factor's moving average (0.1: about 10 steps).
+    refresh_every : int >= 1
+        Decode steps between two corrections of the table's shape.
+    prior_weight : float > 0
+        Largest weight of a cell's measured value: a cell backed by ``n`` measurements needs
+        ``min(max(n, 1), prior_weight)`` observations to move halfway to their mean residual.
 
     Raises
     ------
@@ -56,144 +58,200 @@ class StepCostModel:
     """
 
     def __init__(
-        self, forgetting: float = 0.995, prior_scale: float = 1.0, min_coef: float = 1e-6
+        self,
+        table: StepCostTable | None = None,
+        *,
+        load_rate: float = 0.1,
+        refresh_every: int = 16,
+        prior_weight: float = 8.0,
     ) -> None:
-        if not (0.0 < forgetting <= 1.0):
-            raise ValueError(f"forgetting={forgetting!r} is invalid; allowed: 0 < forgetting <= 1")
-        if not (prior_scale > 0 and math.isfinite(prior_scale)):
+        if not (0.0 < load_rate <= 1.0):
+            raise ValueError(f"load_rate={load_rate!r} is invalid; allowed: 0 < load_rate <= 1")
+        if (
+            isinstance(refresh_every, bool)
+            or not isinstance(refresh_every, int)
+            or refresh_every < 1
+        ):
             raise ValueError(
-                f"prior_scale={prior_scale!r} is invalid; allowed: a finite number > 0"
+                f"refresh_every={refresh_every!r} is invalid; allowed: an integer >= 1"
             )
-        if not (min_coef >= 0 and math.isfinite(min_coef)):
-            raise ValueError(f"min_coef={min_coef!r} is invalid; allowed: a finite number >= 0")
-        self.forgetting = float(forgetting)
-        self.prior_scale = float(prior_scale)
-        self.min_coef = float(min_coef)
-        self.theta = np.zeros(len(FEATURES))
-        self.P = np.eye(len(FEATURES))
+        if not (prior_weight > 0 and math.isfinite(prior_weight)):
+            raise ValueError(
+                f"prior_weight={prior_weight!r} is invalid; allowed: a finite number > 0"
+            )
+        self.load_rate = float(load_rate)
+        self.refresh_every = refresh_every
+        self.prior_weight = float(prior_weight)
+        self.scale_on_first = table is None
+        self.table = prior_table() if table is None else table
+        self.log_load = 0.0
+        self._reset_cells()
         self.n_updates = 0
         self.n_ignored = 0
+        self.n_prefill = 0
+        self.prefill_s_per_token = self.table.prefill_s_per_token
+        self.n_refreshes = 0
+        self._since_refresh = 0
+        self.abs_log_residual = 0.05  # moving average of |log residual| after the load factor
 
-    @staticmethod
-    def _phi(
-        batch_size: float,
-        verified_tokens: float,
-        prefill_tokens: float = 0.0,
-        speculating_requests: float | None = None,
-    ) -> np.ndarray:
-        v = float(verified_tokens)
-        r = (1.0 if v > 0 else 0.0) if speculating_requests is None else float(speculating_requests)
-        return np.array([1.0, float(batch_size), v, float(prefill_tokens), r])
+    def _reset_cells(self) -> None:
+        shape = self.table.seconds.shape
+        self._cell_w = np.zeros(shape)
+        self._cell_r = np.zeros(shape)
 
+    @property
+    def load(self) -> float:
+        """Current load factor (observed / table, 1.0 = as measured)."""
+        return math.exp(self.log_load)
+
+    # -- prediction --------------------------------------------------------------------------------
+    def curve(self, batch_size: int, max_tokens: int) -> np.ndarray:
+        """Predicted step time for ``V = 0..max_tokens``: float64 [max_tokens + 1], non-decreasing."""
+        return self.load * self.table.curve(batch_size, max_tokens)
+
+    def predict(
+        self, batch_size: float, verified_tokens: Any, prefill_tokens: Any = 0
+    ) -> np.ndarray | float:
+        """Predicted step time (seconds); broadcasts over ``verified_tokens``."""
+        base = self.table.predict(batch_size, verified_tokens)
+        extra = self.prefill_s_per_token * np.asarray(prefill_tokens, dtype=float)
+        out = self.load * base + extra
+        return float(out) if np.ndim(out) == 0 else out
+
+    def trusted(self, batch_size: int, verified_tokens: int) -> bool:
+        """Whether the table cell nearest ``(batch_size, verified_tokens)`` is backed by at least
+        ``prior_weight`` measurements or observations (an untrusted cell is worth probing)."""
+        t = self.table
+        if t.counts is None:
+            return False
+        bi = int(nearest_index(t.batch_sizes, np.array([batch_size]))[0])
+        vi = int(nearest_index(t.draft_tokens, np.array([verified_tokens]))[0])
+        return bool(t.counts[bi, vi] + self._cell_w[bi, vi] >= self.prior_weight)
+
+    # -- learning ---------------------------------------------------------------------------------
     def update(
         self,
         batch_size: int,
         verified_tokens: int,
         step_time_s: float,
         prefill_tokens: int = 0,
-        speculating_requests: int | None = None,
     ) -> bool:
-        """Learn from one step. ``speculating_requests`` (requests verifying >= 1 draft token) defaults to
-        ``1 if verified_tokens > 0 else 0``. Returns False (and counts it) when the observation is
-        ignored."""
+        """Learn from one measured step. Returns False (and counts it) when it is ignored: a bad time
+        or count. Prefill steps only update the prefill price."""
         if (
-            not isinstance(step_time_s, int | float)
+            isinstance(step_time_s, bool)
+            or not isinstance(step_time_s, int | float)
             or not math.isfinite(step_time_s)
             or step_time_s <= 0
             or batch_size <= 0
             or verified_tokens < 0
             or prefill_tokens < 0
-            or (speculating_requests is not None and speculating_requests < 0)
         ):
             self.n_ignored += 1
             return False
-        if self.n_updates == 0:
-            t0 = float(step_time_s)
-            self.theta = np.array(PRIOR_MEAN) * t0
-            self.P = np.diag((np.array(PRIOR_SD) * self.prior_scale / NOISE_SD) ** 2)
-        x = self._phi(batch_size, verified_tokens, prefill_tokens, speculating_requests)
-        lam = self.forgetting
-        Px = self.P @ x
-        gain = Px / (lam + x @ Px)
-        err = step_time_s - x @ self.theta
-        self.theta = self.theta + gain * err
-        self.P = (self.P - np.outer(gain, Px)) / lam
-        # Keep P symmetric and bounded (numerical hygiene for long runs with little excitation).
-        self.P = 0.5 * (self.P + self.P.T)
-        np.clip(self.P, -1e6, 1e6, out=self.P)
+        if self.scale_on_first and self.n_updates == 0 and prefill_tokens == 0:
+            # A prior table: scale it to the first decode step (only its shape is a guess).
+            pred0 = float(self.table.predict(batch_size, verified_tokens))
+            self.table = self.table.scaled(step_time_s / pred0)
+            self._reset_cells()
+        pred = float(self.table.predict(batch_size, verified_tokens))
+        if prefill_tokens > 0:
+            extra = (step_time_s - self.load * pred) / prefill_tokens
+            w = 0.1 if self.n_prefill else 1.0
+            self.prefill_s_per_token = max(
+                (1 - w) * self.prefill_s_per_token + w * max(extra, 0.0), 0.0
+            )
+            self.n_prefill += 1
+            return True
+        r = math.log(step_time_s / pred)
+        lr = min(max(r - self.log_load, -MAX_LOG_RATIO), MAX_LOG_RATIO)
+        self.log_load += self.load_rate * lr
+        resid = r - self.log_load
+        self.abs_log_residual += 0.02 * (min(abs(resid), MAX_LOG_RATIO) - self.abs_log_residual)
+        bi = int(nearest_index(self.table.batch_sizes, np.array([batch_size]))[0])
+        vi = int(nearest_index(self.table.draft_tokens, np.array([verified_tokens]))[0])
+        self._cell_w[bi, vi] += 1.0
+        self._cell_r[bi, vi] += min(max(resid, -MAX_LOG_RATIO), MAX_LOG_RATIO)
         self.n_updates += 1
+        self._since_refresh += 1
+        if self._since_refresh >= self.refresh_every:
+            self.refresh()
         return True
 
-    def coefficients(self) -> tuple[float, float, float, float, float]:
-        """``(c0, c_batch, c_token, c_prefill, c_request)`` in seconds, floors applied."""
-        c0, cb, cv, cp, cs = (max(float(c), self.min_coef) for c in self.theta)
-        return c0, cb, cv, cp, cs
-
-    def predict(
-        self,
-        batch_size: np.ndarray | float,
-        verified_tokens: np.ndarray | float,
-        prefill_tokens: np.ndarray | float = 0.0,
-        speculating_requests: np.ndarray | float | None = None,
-    ) -> np.ndarray:
-        """Predicted step time (seconds) for each ``(batch_size, verified_tokens, prefill_tokens,
-        speculating_requests)``; broadcasts. ``speculating_requests`` defaults to
-        ``1 if verified_tokens > 0 else 0``."""
-        c0, cb, cv, cp, cr = self.coefficients()
-        v = np.asarray(verified_tokens, dtype=float)
-        r = (
-            (v > 0).astype(float)
-            if speculating_requests is None
-            else np.asarray(speculating_requests, dtype=float)
+    def refresh(self) -> None:
+        """Move the table's cells toward their observed residuals (see the module docstring)."""
+        self._since_refresh = 0
+        w, r = self._cell_w, self._cell_r
+        has = w > 0
+        if not has.any():
+            return
+        mean = np.where(has, r / np.maximum(w, 1e-12), 0.0)
+        # Only the shape is learned here: the residuals' weighted mean over the observed cells is a
+        # uniform drift, the load factor's job (with one cell observed, nothing is learned).
+        mean = np.where(has, mean - float(r[has].sum() / w[has].sum()), 0.0)
+        # A cell's prior weight: the measurements behind it (at least 1, at most prior_weight).
+        t_counts = self.table.counts if self.table.counts is not None else np.zeros_like(w)
+        shrink = w / (w + np.clip(t_counts, 1.0, self.prior_weight))
+        corr = np.where(has, shrink * mean, np.nan)
+        # Cells without data: the correction interpolated (over grid positions) between the
+        # corrected cells of their row, constant beyond them.
+        vg = np.arange(corr.shape[1], dtype=float)
+        for i in np.flatnonzero(has.any(axis=1)):
+            known = np.flatnonzero(has[i])
+            corr[i] = np.interp(vg, known.astype(float), corr[i, known])
+        # Rows without data take the correction of the nearest row with data.
+        rows = np.flatnonzero(has.any(axis=1))
+        bidx = np.arange(corr.shape[0])
+        corr = corr[rows[np.abs(bidx[:, None] - rows[None, :]).argmin(axis=1)]]
+        t = self.table
+        counts = (t.counts if t.counts is not None else np.zeros_like(w)) + w
+        seconds = make_monotone(
+            t.seconds * np.exp(corr), counts + 1.0, rows=np.flatnonzero(corr.any(axis=1))
         )
-        return (
-            c0
-            + cb * np.asarray(batch_size, dtype=float)
-            + cv * v
-            + cp * np.asarray(prefill_tokens, dtype=float)
-            + cr * r
+        self.table = StepCostTable(
+            t.batch_sizes,
+            t.draft_tokens,
+            seconds,
+            counts=counts,
+            prefill_s_per_token=t.prefill_s_per_token,
+            key=t.key,
+            source=t.source
+            if t.source == "learned" or t.source.endswith("+learned")
+            else ("learned" if t.source == "prior" else f"{t.source}+learned"),
         )
+        # The applied corrections are in the table now; what the next window sees is measured anew.
+        self._cell_r = r * 0.0
+        self._cell_w = w * 0.0
+        self.n_refreshes += 1
 
-    def state_dict(self) -> dict:
+    # -- state ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
         return {
-            "forgetting": self.forgetting,
-            "prior_scale": self.prior_scale,
-            "min_coef": self.min_coef,
-            "theta": self.theta.tolist(),
-            "P": self.P.tolist(),
+            "table": self.table.to_dict(),
+            "log_load": self.log_load,
+            "scale_on_first": self.scale_on_first,
             "n_updates": self.n_updates,
             "n_ignored": self.n_ignored,
+            "prefill_s_per_token": self.prefill_s_per_token,
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        theta = np.asarray(state["theta"], dtype=float)
-        P = np.asarray(state["P"], dtype=float)
-        n = len(FEATURES)
-        if theta.shape == (n - 1,) and P.shape == (n - 1, n - 1):
-            # A state saved before the per-request term existed: that term starts at its prior.
-            t0 = float(theta[0]) if theta[0] > 0 else 1.0
-            theta = np.append(theta, PRIOR_MEAN[-1] * t0)
-            grown = np.zeros((n, n))
-            grown[: n - 1, : n - 1] = P
-            grown[-1, -1] = (PRIOR_SD[-1] * float(state.get("prior_scale", 1.0)) / NOISE_SD) ** 2
-            P = grown
-        if (
-            theta.shape != (n,)
-            or P.shape != (n, n)
-            or not (np.isfinite(theta).all() and np.isfinite(P).all())
-        ):
-            raise ValueError("cost model state has wrong shapes or non-finite values")
-        # Validate every field before assigning any (a refused state leaves the model unchanged).
-        checked = StepCostModel(
-            forgetting=float(state["forgetting"]),
-            prior_scale=float(state["prior_scale"]),
-            min_coef=float(state["min_coef"]),
-        )
-        counts = (state["n_updates"], state["n_ignored"])
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a saved model. The load factor restarts at 1 (the next steps measure it again): a
+        state saved on a busier or quieter day keeps its table's shape only. Raises ValueError for a
+        bad state (this model is unchanged then)."""
+        if not isinstance(state, dict) or "table" not in state:
+            raise ValueError("cost model state has no table")
+        table = StepCostTable.from_dict(state["table"])
+        counts = (state.get("n_updates", 0), state.get("n_ignored", 0))
         if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
             raise ValueError(f"cost model state has counts {counts!r}; expected integers >= 0")
-        self.forgetting = checked.forgetting
-        self.prior_scale = checked.prior_scale
-        self.min_coef = checked.min_coef
-        self.theta, self.P = theta, P
+        pre = float(state.get("prefill_s_per_token", table.prefill_s_per_token))
+        if not (math.isfinite(pre) and pre >= 0):
+            raise ValueError(f"cost model state has prefill_s_per_token={pre!r}")
+        self.table = table
+        self.scale_on_first = bool(state.get("scale_on_first", False)) and counts[0] == 0
+        self.log_load = 0.0
         self.n_updates, self.n_ignored = counts
+        self.prefill_s_per_token = pre
+        self._reset_cells()
+        self._since_refresh = 0

@@ -1,8 +1,10 @@
 """Policy names, as accepted by ``AdaptiveSpec(policy=...)`` and the CLI's ``--policy``.
 
-* ``adaptive`` (default): :class:`~adaptive_spec.controller.AdaptiveController`, Thompson exploration;
-* ``adaptive-ucb``, ``adaptive-greedy``, ``adaptive-eps``: the same controller with UCB, no, or
-  epsilon-greedy exploration (the last logs exact propensities for off-policy evaluation);
+* ``adaptive`` (default): :class:`~adaptive_spec.controller.AdaptiveController`, posterior-mean
+  acceptance (its deterministic proposers are scored every step whether chosen or not);
+* ``adaptive-ucb``, ``adaptive-thompson``, ``adaptive-eps``: the same controller with an upper
+  confidence bound, one Thompson draw per context cell and step, or epsilon-greedy exploration (the
+  last logs exact propensities for off-policy evaluation); ``adaptive-greedy`` is ``adaptive``;
 * ``static:<proposer>:<k>`` or ``none``: :class:`~adaptive_spec.baselines.StaticPolicy`;
 * ``table:<proposer>:<start>-<end>=<k>,...``: vLLM's batch-size table
   (:class:`~adaptive_spec.baselines.BatchSizeTablePolicy`);
@@ -16,11 +18,14 @@ from __future__ import annotations
 
 from adaptive_spec.arms import Arm
 from adaptive_spec.baselines import BatchSizeTablePolicy, StaticPolicy
-from adaptive_spec.controller import AdaptiveController, SpecPolicy
+from adaptive_spec.controller import AdaptiveController
+from adaptive_spec.cost_table import StepCostTable
+from adaptive_spec.protocol import SpecPolicy
 
 POLICY_NAMES = (
     "adaptive",
     "adaptive-ucb",
+    "adaptive-thompson",
     "adaptive-greedy",
     "adaptive-eps",
     "none",
@@ -30,15 +35,27 @@ POLICY_NAMES = (
     "banditspec:<proposer>",
 )
 _EXPLORATION = {
-    "adaptive": "thompson",
+    "adaptive": "greedy",
     "adaptive-ucb": "ucb",
+    "adaptive-thompson": "thompson",
     "adaptive-greedy": "greedy",
     "adaptive-eps": "eps-greedy",
 }
 
 
-def make_policy(name: str, proposers: list[str], max_k: int, *, seed: int = 0) -> SpecPolicy:
-    """Build a policy from its name (see the module docstring).
+def make_policy(
+    name: str,
+    proposers: list[str],
+    max_k: int,
+    *,
+    seed: int = 0,
+    cost_table: StepCostTable | None = None,
+    baseline: str | None = None,
+    alpha: float | None = None,
+) -> SpecPolicy:
+    """Build a policy from its name (see the module docstring). ``cost_table`` (the measured step
+    costs) goes to the policies that price steps (adaptive, SmartSpec); ``baseline`` and ``alpha`` to
+    the adaptive controller's safety rule (defaults: its own).
 
     Raises
     ------
@@ -48,7 +65,18 @@ def make_policy(name: str, proposers: list[str], max_k: int, *, seed: int = 0) -
     if not isinstance(name, str):
         raise ValueError(f"policy={name!r} is invalid; allowed: {', '.join(POLICY_NAMES)}")
     if name in _EXPLORATION:
-        return AdaptiveController(proposers, max_k, exploration=_EXPLORATION[name], seed=seed)
+        extra: dict = {}
+        if alpha is not None:
+            extra["alpha"] = alpha
+        return AdaptiveController(
+            proposers,
+            max_k,
+            exploration=_EXPLORATION[name],
+            seed=seed,
+            cost_table=cost_table,
+            baseline=baseline,
+            **extra,
+        )
     if name == "none":
         return StaticPolicy(proposers, max_k, Arm.parse("none"))
     if name.startswith("static:"):
@@ -61,8 +89,9 @@ def make_policy(name: str, proposers: list[str], max_k: int, *, seed: int = 0) -
             raise ValueError(
                 f"policy={name!r}: proposer={proposer!r} is not enabled; enabled: {', '.join(p for p in proposers if p != 'none')}"
             )
-        cls = SmartSpecPolicy if kind == "smartspec" else BanditSpecPolicy
-        return cls(proposers, max_k, proposer=proposer)
+        if kind == "smartspec":
+            return SmartSpecPolicy(proposers, max_k, proposer=proposer, cost_table=cost_table)
+        return BanditSpecPolicy(proposers, max_k, proposer=proposer)
     if name.startswith("table:"):
         rest = name.removeprefix("table:")
         proposer, _, spec = rest.partition(":")

@@ -17,12 +17,43 @@ import os
 import tempfile
 from pathlib import Path
 
-from adaptive_spec.controller import SpecPolicy
+from adaptive_spec.protocol import SpecPolicy
+
+#: Environment variable: the directory of the automatic policy states ("off" disables them).
+ENV_STATE_DIR = "ADAPTIVE_SPEC_STATE_DIR"
 
 logger = logging.getLogger(__name__)
 
 FORMAT = "adaptive-spec-policy-state"
 VERSION = 1
+
+
+def auto_state_path(
+    policy: SpecPolicy, key: dict, proposers: list[str] | tuple[str, ...]
+) -> Path | None:
+    """Where ``AdaptiveSpec(policy_state="auto")`` keeps a learning policy's state: a file per model,
+    dtype, machine, policy and proposer set in ``$ADAPTIVE_SPEC_STATE_DIR`` (default: the cache
+    directory's ``state/``). None for policies that learn nothing (static, tables), or when the
+    variable is ``off``."""
+    import hashlib
+
+    from adaptive_spec.machine import key_slug
+
+    if not hasattr(policy, "acceptance"):
+        return None
+    env = os.environ.get(ENV_STATE_DIR, "").strip()
+    if env.lower() in ("off", "none", "0", "false"):
+        return None
+    if env:
+        base = Path(env).expanduser()
+    else:
+        from adaptive_spec.models import cache_dir
+
+        base = cache_dir() / "state"
+    props = "-".join(p.replace(":", "_") for p in proposers if p != "none") or "none"
+    if len(props) > 60:
+        props = hashlib.sha256(props.encode()).hexdigest()[:12]
+    return base / f"{policy.name}-{key_slug(key)}-{props}.json"
 
 
 def policy_state_json(policy: SpecPolicy) -> str:

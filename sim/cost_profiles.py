@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from adaptive_spec.cost_table import StepCostTable
 from adaptive_spec.trace import Trace
 
 COEF_NAMES = ("c0", "c_batch", "c_token", "c_draft_pass", "c_prefill_token")
@@ -339,6 +340,98 @@ class TabulatedCostProfile(CostProfile):
         }
 
 
+@dataclass(slots=True)
+class TableCostProfile(CostProfile):
+    """The controller's own measured step-cost table (:class:`adaptive_spec.cost_table.StepCostTable`)
+    as a replay profile: replay then prices steps exactly as the controller does (the same table the
+    engine recorded in its trace header), so regret against the oracle is measured under one cost
+    model. A draft-model pass costs ``draft_pass_s`` per pass (0 for an n-gram engine).
+
+    Parameters
+    ----------
+    table : StepCostTable
+    draft_pass_s : float >= 0
+    scale : float > 0
+        Multiplies every step (e.g. a load factor).
+    """
+
+    table: StepCostTable
+    draft_pass_s: float = 0.0
+    scale: float = 1.0
+    name: str = "table"
+    source: str = "the controller's measured step-cost table"
+
+    def __post_init__(self) -> None:
+        for n in ("draft_pass_s", "scale"):
+            v = getattr(self, n)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{n}={v!r} is invalid; allowed: a finite number >= 0")
+        if self.scale <= 0:
+            raise ValueError(f"scale={self.scale!r} is invalid; allowed: > 0")
+
+    def step_time(self, batch_size, verified_tokens, draft_passes=0, prefill_tokens=0):
+        B, V, D, P = (
+            np.asarray(x, dtype=float)
+            for x in (batch_size, verified_tokens, draft_passes, prefill_tokens)
+        )
+        _check_step(B, V, D, P)
+        if B.ndim == 0:
+            t = np.asarray(self.table.predict(float(max(B, 1.0)), V, P))
+        else:
+            bb = np.broadcast_to(np.maximum(B, 1.0), np.broadcast(B, V, P).shape)
+            vv = np.broadcast_to(V, bb.shape)
+            pp = np.broadcast_to(P, bb.shape)
+            t = np.array(
+                [
+                    self.table.predict(b, v, p)
+                    for b, v, p in zip(bb.flat, vv.flat, pp.flat, strict=True)
+                ]
+            )
+            t = t.reshape(bb.shape)
+        t = self.scale * t + self.draft_pass_s * D
+        return float(t) if np.ndim(t) == 0 else t
+
+    def minorants(self) -> list[LinearCoefficients]:
+        sec = self.table.seconds * self.scale
+        b = self.table.batch_sizes.astype(float)
+        v = self.table.draft_tokens.astype(float)
+        c_batch = max(float(np.min(np.diff(sec[:, 0]) / np.diff(b))), 0.0)
+        c0 = max(float(sec[0, 0]) - c_batch * b[0], 0.0)
+        c_token = max(float(np.min((sec[:, 1:] - sec[:, :1]) / v[None, 1:])), 0.0)
+        return [
+            LinearCoefficients(
+                c0,
+                c_batch,
+                c_token,
+                self.draft_pass_s,
+                self.table.prefill_s_per_token * self.scale,
+            )
+        ]
+
+    def linearize(self, batch_size: int, verified_tokens: float) -> LinearCoefficients:
+        B = max(int(batch_size), 1)
+        t0 = float(self.step_time(B, 0))
+        V = max(float(verified_tokens), 1.0)
+        cv = max((float(self.step_time(B, V)) - t0) / V, 0.0)
+        cb = max((t0 - float(self.step_time(1, 0))) / max(B - 1, 1), 0.0)
+        return LinearCoefficients(
+            max(t0 - cb * B, 0.0),
+            cb,
+            cv,
+            self.draft_pass_s,
+            self.table.prefill_s_per_token * self.scale,
+        )
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "source": self.source,
+            "table": self.table.to_dict(),
+            "draft_pass_s": self.draft_pass_s,
+            "scale": self.scale,
+        }
+
+
 # Measured with sim/measure_profile.py on one NVIDIA H200 (PyTorch 2.11.0+cu130, bf16, CUDA graphs):
 # a decoder with Llama-3-8B's shapes (random weights), KV cache of 1024 tokens, one step of B requests
 # with T = k + 1 new tokens each; median of 20 replays. The draft is a 1B-shaped decoder (hidden 2048,
@@ -564,4 +657,29 @@ def get_profile(spec: str, trace: Trace | None = None) -> CostProfile:
     raise ValueError(
         f"profile={spec!r} is not known; allowed: fit, {', '.join(PRESETS)}, "
         "linear:c0,c_batch,c_token[,c_draft_pass[,c_prefill_token]], roofline:base_s,flat_tokens,per_token_s[,draft_ratio]"
+    )
+
+
+def profile_table(profile: CostProfile, *, max_batch: int = 256, max_k: int = 16) -> StepCostTable:
+    """The step-cost table a controller would measure on an engine whose steps cost ``profile``:
+    the profile evaluated on the table grid up to ``max_batch`` requests and ``max_batch * max_k``
+    draft tokens (the table extrapolates beyond). A :class:`TableCostProfile` gives its own table.
+    Replay gives this table to the policies that price steps, so that they and the oracle work
+    under one cost model."""
+    if isinstance(profile, TableCostProfile) and profile.scale == 1.0 and profile.draft_pass_s == 0:
+        return profile.table
+    from adaptive_spec.cost_table import BATCH_GRID, TOKEN_GRID
+
+    bg = [b for b in BATCH_GRID if b <= max(max_batch, 2)]
+    if len(bg) < 2:
+        bg = [1, 2]
+    vg = [v for v in TOKEN_GRID if v <= max(bg[-1] * max_k, 2)]
+    B, V = np.meshgrid(np.asarray(bg, dtype=float), np.asarray(vg, dtype=float), indexing="ij")
+    t = np.asarray(profile.step_time(B, V), dtype=float).reshape(B.shape)
+    return StepCostTable(
+        np.asarray(bg),
+        np.asarray(vg),
+        t,
+        counts=np.full(t.shape, 8.0),
+        source=f"profile:{profile.name}",
     )

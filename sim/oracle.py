@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from adaptive_spec.arms import NO_SPEC, Arm, arm_space
-from adaptive_spec.controller import Decision, SpecPolicy, StepView
+from adaptive_spec.protocol import Decision, SpecPolicy, StepView
 
 from .cost_profiles import CostProfile, LinearCoefficients, is_draft_model
 from .requests import ReplayRequest

@@ -4,7 +4,8 @@
   Large Language Models Using Goodput"): one fixed proposer; per request an acceptance rate estimated
   from that request's history (an exponential moving average); per step the proposed lengths that
   maximise predicted goodput ``sum_i E[tokens_i] / t(batch)``, with
-  ``E[tokens | alpha, k] = (1 - alpha^(k+1)) / (1 - alpha)`` and a step-time model fitted online.
+  ``E[tokens | alpha, k] = (1 - alpha^(k+1)) / (1 - alpha)`` and the same measured step-cost table
+  as the adaptive controller (the paper fits a step-time model; a table is the fair comparison).
 * :class:`BanditSpecPolicy`: UCBSpec from BanditSpec (Hou et al. 2025, "BanditSpec: Adaptive
   Speculative Decoding via Bandit Algorithms", ICML 2025): a multi-armed bandit over speculation
   configurations (here the draft length k of one proposer), one pull per engine step for the whole
@@ -23,8 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from adaptive_spec.arms import NO_SPEC, Arm
-from adaptive_spec.controller import Decision, SpecPolicy, StepOutcome, StepView, matched_prefix
 from adaptive_spec.cost_model import StepCostModel
+from adaptive_spec.cost_table import StepCostTable
+from adaptive_spec.protocol import Decision, SpecPolicy, StepOutcome, StepView, matched_prefix
 
 
 def _pick_proposer(proposers: list[str], proposer: str | None) -> str:
@@ -65,8 +67,9 @@ class SmartSpecPolicy(SpecPolicy):
         Weight of the newest step in the moving averages.
     prior_acceptance : float in (0, 1)
         Acceptance rate assumed before a request's first verification.
-    cost_forgetting : float in (0, 1]
-        Forgetting of the online step-time model (:class:`~adaptive_spec.cost_model.StepCostModel`).
+    cost_table : StepCostTable, optional
+        The measured step-cost table, the same one the adaptive controller uses (a fair peer); it is
+        tracked online the same way (:class:`~adaptive_spec.cost_model.StepCostModel`).
     score_unverified : bool
         Not in the paper: also score the proposer's full draft (offered at decision time) against the
         emitted tokens, so that a request whose k fell to 0 keeps learning (the free information a
@@ -81,7 +84,7 @@ class SmartSpecPolicy(SpecPolicy):
     Examples
     --------
     >>> import numpy as np
-    >>> from adaptive_spec.controller import RequestView, StepOutcome, StepView
+    >>> from adaptive_spec.protocol import RequestView, StepOutcome, StepView
     >>> pol = SmartSpecPolicy(["ngram"], 4)
     >>> pol.observe(StepOutcome([], 0.03, 1, 0))  # one measured step (30 ms) for the cost model
     >>> v = RequestView("r", 1, 100, drafts={"ngram": np.arange(4)})
@@ -99,7 +102,7 @@ class SmartSpecPolicy(SpecPolicy):
         proposer: str | None = None,
         ema: float = 0.3,
         prior_acceptance: float = 0.5,
-        cost_forgetting: float = 0.995,
+        cost_table: StepCostTable | None = None,
         score_unverified: bool = False,
     ) -> None:
         super().__init__(proposers, max_k)
@@ -114,7 +117,7 @@ class SmartSpecPolicy(SpecPolicy):
             )
         self.ema = float(ema)
         self.prior = float(prior_acceptance)
-        self.cost = StepCostModel(forgetting=cost_forgetting)
+        self.cost = StepCostModel(cost_table)
         self._req: dict[str, _Ema] = {}
         self.name = f"smartspec:{self.proposer}"
 
@@ -144,7 +147,7 @@ class SmartSpecPolicy(SpecPolicy):
             order = np.argsort(-marg, kind="stable")
             exp_tok = B + np.concatenate([[0.0], np.cumsum(marg[order])])
             verified = np.arange(order.size + 1)
-            goodput = exp_tok / self.cost.predict(max(view.batch_size, B), verified)
+            goodput = exp_tok / self.cost.curve(max(view.batch_size, B), int(verified[-1]))
             m = int(np.argmax(goodput))
             np.add.at(ks, req_idx[order[:m]], 1)
         arms = [NO_SPEC if k == 0 else Arm(self.proposer, int(k)) for k in ks]

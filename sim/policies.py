@@ -1,5 +1,7 @@
 """Policy names the replay accepts: everything :func:`adaptive_spec.policies.make_policy` builds, plus
-the hindsight comparators and the published peers.
+the hindsight comparators and the published peers. Policies that price steps (the adaptive controller,
+SmartSpec) get the replay's cost profile as their measured table (:func:`profile_table`), the same
+cost model the oracle plans with.
 
 * ``oracle``: :class:`~adaptive_spec.sim.oracle.OraclePolicy` (needs the workload and cost profile);
 * ``per-request-static``: :class:`~adaptive_spec.sim.oracle.PerRequestStaticPolicy`;
@@ -10,10 +12,10 @@ the hindsight comparators and the published peers.
 
 from __future__ import annotations
 
-from adaptive_spec.controller import SpecPolicy
 from adaptive_spec.policies import POLICY_NAMES, make_policy
+from adaptive_spec.protocol import SpecPolicy
 
-from .cost_profiles import CostProfile
+from .cost_profiles import CostProfile, profile_table
 from .oracle import OraclePolicy, PerRequestStaticPolicy
 from .peers import BanditSpecPolicy, SmartSpecPolicy
 from .requests import ReplayRequest
@@ -56,14 +58,19 @@ def build_policy(
             proposers, max_k, requests=requests, profile=profile, max_batch=max_batch
         )
     head, _, prop = name.partition(":")
+    table = profile_table(profile, max_batch=max_batch, max_k=max_k)
     if head in ("smartspec", "smartspec+"):
         return SmartSpecPolicy(
-            proposers, max_k, proposer=prop or None, score_unverified=head.endswith("+")
+            proposers,
+            max_k,
+            proposer=prop or None,
+            score_unverified=head.endswith("+"),
+            cost_table=table,
         )
     if head == "banditspec":
         return BanditSpecPolicy(proposers, max_k, proposer=prop or None)
     try:
-        return make_policy(name, proposers, max_k, seed=seed)
+        return make_policy(name, proposers, max_k, seed=seed, cost_table=table)
     except ValueError as e:
         if "is not known" in str(e):
             raise ValueError(

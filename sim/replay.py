@@ -1,6 +1,8 @@
-"""Offline replay: run any :class:`~adaptive_spec.controller.SpecPolicy` over a recorded workload.
+"""Offline replay: run any :class:`~adaptive_spec.protocol.SpecPolicy` over a recorded workload.
 
-The simulator advances every request along its known output sequence. Per simulated step:
+The simulator advances every request along its known output sequence, through the same step driver
+as the engine (:class:`adaptive_spec.driver.StepDriver`: views, decision, drafts cut to k, outcomes,
+metrics, trace rows), so a policy behaves here as it does in vLLM. Per simulated step:
 
 1. admit waiting requests (in the given order, once arrived) until ``max_batch`` run; a newly admitted
    request spends this step in prefill and emits its first output token (no drafts, as in vLLM);
@@ -29,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from adaptive_spec.arms import NO_SPEC, Arm
-from adaptive_spec.controller import RequestOutcome, RequestView, SpecPolicy, StepOutcome, StepView
+from adaptive_spec.arms import NO_SPEC
+from adaptive_spec.driver import LiveRequest, StepDriver, VerifiedRequest
 from adaptive_spec.metrics import SpecMetrics
+from adaptive_spec.protocol import SpecPolicy
 from adaptive_spec.trace import TraceWriter
 
 from .cost_profiles import CostProfile, is_draft_model
@@ -190,11 +193,20 @@ def replay(
     queue = deque(requests[i] for i in order)
     running: list[_Live] = []
     res = ReplayResult(policy=getattr(policy, "name", type(policy).__name__))
+    # The same step code as the engine: drafts come from the requests' tables (external proposers).
+    driver = StepDriver(
+        policy,
+        {},
+        max_k=max_k,
+        vocab_size=1 << 31,
+        external=props,
+        tracer=writer,
+        metrics=res.metrics,
+    )
     clock = 0.0
     times: list[float] = []
     toks: list[int] = []
     sigma = float(step_time_noise)
-    step = 0
     while queue or running:
         if not running and queue and queue[0].arrival_s > clock:
             clock = queue[0].arrival_s  # idle until the next arrival
@@ -203,180 +215,103 @@ def replay(
             live = _Live(queue.popleft())
             running.append(live)
             new.append(live)
-        decode = [lv for lv in running if lv.n > 0]
-        views = [
-            RequestView(
-                req_id=lv.req.req_id,
-                num_output_tokens=lv.n,
-                max_new_tokens=lv.req.max_tokens - lv.n,
-                temperature=lv.req.temperature,
+            r = live.req
+            driver.add_request(
+                r.req_id,
+                r.prompt_token_ids,
+                temperature=r.temperature,
+                max_tokens=r.max_tokens,
+                category=r.category,
             )
-            for lv in decode
-        ]
-        for lv, v in zip(decode, views, strict=True):
+        decode = [lv for lv in running if lv.n > 0]
+        ext: dict[str, dict[str, np.ndarray]] = {p: {} for p in props}
+        match: dict[str, dict[str, int]] = {p: {} for p in props}
+        for lv in decode:
             for p in props:
                 d = lv.req.draft(p, lv.n)
                 if d is not None:
-                    d = d[:max_k]  # the engine verifies at most num_speculative_tokens
-                    v.drafts[p] = d
-                    v.match_lengths[p] = lv.req.match_feature(p, lv.n) if d.size else 0
+                    ext[p][lv.req.req_id] = d[:max_k]  # the engine verifies at most max_k
+                    if d.size:
+                        match[p][lv.req.req_id] = lv.req.match_feature(p, lv.n)
         t0 = time.perf_counter()
-        decision = policy.decide(StepView(views, batch_size=len(running), queue_len=len(queue)))
+        dec = driver.decide(
+            [
+                LiveRequest(lv.req.req_id, lv.n, lv.req.max_tokens - lv.n, lv.req.temperature)
+                for lv in decode
+            ],
+            batch_size=len(running),
+            queue_len=len(queue),
+            external_drafts=ext,
+            external_match=match,
+        )
         res.policy_time_s += time.perf_counter() - t0
-        if len(decision.arms) != len(views):
-            raise ValueError(
-                f"policy {res.policy!r} returned {len(decision.arms)} arms for {len(views)} requests"
-            )
-        outcomes: list[RequestOutcome] = []
-        rows: list[dict[str, Any]] = []
-        verified = 0
+        chosen = dict(zip(dec.req_ids, zip(dec.drafts, dec.arms, strict=True), strict=True))
+        verified: list[VerifiedRequest] = []
+        n_verified = 0
         draft_passes = 0
         prefill = 0
-        step_rows: list[tuple[_Live, str, str, int, int, int]] = []
-        for i, (lv, v) in enumerate(zip(decode, views, strict=True)):
-            arm = decision.arms[i]
-            if not isinstance(arm, Arm):
-                raise ValueError(f"policy {res.policy!r} returned {arm!r}; expected an Arm")
+        arms_row = []
+        for lv in decode:
+            rid = lv.req.req_id
+            draft, arm = chosen.get(rid, ([], NO_SPEC))
             out = lv.req.output_token_ids
             L = out.shape[0]
-            d = v.drafts.get(arm.proposer) if arm.k > 0 else None
-            if arm.k > 0 and arm.proposer not in v.drafts and arm.proposer not in props:
-                raise ValueError(
-                    f"policy {res.policy!r} chose {arm} but proposer {arm.proposer!r} is not offered; "
-                    f"offered: {', '.join(props) or 'none'}"
-                )
-            chosen = d[: arm.k] if d is not None else np.zeros(0, dtype=np.int64)
-            drafted = int(chosen.shape[0])
-            played = arm if drafted > 0 else NO_SPEC
-            if drafted > 0:
-                m = lv.req.match_length(arm.proposer, lv.n)
-                accepted = min(drafted, m)
-            else:
-                accepted = 0
+            drafted = len(draft)
+            accepted = min(drafted, lv.req.match_length(arm.proposer, lv.n)) if drafted else 0
             emitted = min(accepted + 1, L - lv.n)
-            emitted_ids = out[lv.n : lv.n + emitted]
-            verified += drafted
-            if drafted and is_draft_model(played.proposer):
+            ids = out[lv.n : lv.n + emitted]
+            n_verified += drafted
+            if drafted and is_draft_model(arm.proposer):
                 draft_passes = max(draft_passes, drafted)
             if lv.req.temperature > 0:
                 res.sampled_request_steps += 1
-            before = lv.n
-            lv.n += emitted
-            finished = lv.n >= L
-            outcomes.append(
-                RequestOutcome(
-                    lv.req.req_id,
-                    played,
-                    drafted,
-                    accepted,
-                    [int(t) for t in emitted_ids],
-                    finished,
-                )
+            argmax = (
+                out[lv.n : lv.n + drafted + 1]
+                if drafted and accepted == drafted and lv.n + drafted < L
+                else None
             )
-            step_rows.append((lv, str(played), played.proposer, drafted, accepted, emitted))
-            if writer is not None:
-                prop = decision.propensities[i] if i < len(decision.propensities) else None
-                feats = decision.features[i] if i < len(decision.features) else None
-                rows.append(
-                    {
-                        "req_id": lv.req.req_id,
-                        "arm": str(played),
-                        "drafted": drafted,
-                        "accepted": accepted,
-                        "emitted": emitted,
-                        "emitted_token_ids": [int(t) for t in emitted_ids],
-                        "num_output_before": before,
-                        "features": feats,
-                        "propensity": prop,
-                        "cf_drafts": {p: [int(t) for t in dd] for p, dd in v.drafts.items()},
-                        "target_argmax": (
-                            [int(t) for t in out[before : before + drafted + 1]]
-                            if drafted and accepted == drafted and before + drafted < L
-                            else None
-                        ),
-                        "finished": finished,
-                    }
-                )
+            lv.n += emitted
+            verified.append(
+                VerifiedRequest(rid, drafted, accepted, [int(t) for t in ids], lv.n >= L, argmax)
+            )
+            res.arm_counts[str(arm) if drafted else "none"] += 1
+            arms_row.append({"arm": str(arm) if drafted else "none"})
+            res.drafted += drafted
+            res.accepted += accepted
         for lv in new:
-            out = lv.req.output_token_ids
             prefill += int(lv.req.prompt_token_ids.shape[0])
             lv.n = 1
-            step_rows.append((lv, "none", "none", 0, 0, 1))
-            if writer is not None:
-                writer.request(
-                    {
-                        "req_id": lv.req.req_id,
-                        "category": lv.req.category,
-                        "prompt_token_ids": [int(t) for t in lv.req.prompt_token_ids],
-                        "temperature": lv.req.temperature,
-                        "max_tokens": lv.req.max_tokens,
-                    }
+            verified.append(
+                VerifiedRequest(
+                    lv.req.req_id, 0, 0, [int(lv.req.output_token_ids[0])], len(lv.req) == 1
                 )
-                rows.append(
-                    {
-                        "req_id": lv.req.req_id,
-                        "arm": "none",
-                        "drafted": 0,
-                        "accepted": 0,
-                        "emitted": 1,
-                        "emitted_token_ids": [int(out[0])],
-                        "num_output_before": 0,
-                        "features": None,
-                        "propensity": None,
-                        "cf_drafts": None,
-                        "target_argmax": None,
-                        "finished": len(lv.req) == 1,
-                    }
-                )
+            )
         B = len(running)
-        t_step = float(profile.step_time(B, verified, draft_passes, prefill))
+        t_step = float(profile.step_time(B, n_verified, draft_passes, prefill))
         if sigma > 0:
             t_step *= float(np.exp(rng.normal(0.0, sigma) - 0.5 * sigma * sigma))
         t1 = time.perf_counter()
-        policy.observe(StepOutcome(outcomes, t_step, B, verified, prefill))
-        finished_ids = [lv.req.req_id for lv in running if lv.n >= len(lv.req)]
-        for rid in finished_ids:
-            policy.release(rid)
+        driver.observe(
+            verified,
+            step_time_s=t_step,
+            batch_size=B,
+            num_verified_tokens=n_verified,
+            num_prefill_tokens=prefill,
+            queue_len=len(queue),
+            start_time=clock,
+        )
         res.policy_time_s += time.perf_counter() - t1
-        share = t_step / B
-        step_tok = 0
-        arms_row = []
-        for lv, arm_s, prop_s, drafted, accepted, emitted in step_rows:
-            res.metrics.add_request_step(
-                arm_s, prop_s, lv.req.category, drafted, accepted, emitted, share
-            )
-            step_tok += emitted
-            res.drafted += drafted
-            res.accepted += accepted
-            if lv.n - emitted > 0:  # a decode request-step (not the prefill)
-                res.arm_counts[arm_s] += 1
-                arms_row.append({"arm": arm_s})
-        res.metrics.add_step(t_step, 0.0)
-        res.request_steps += len(step_rows)
+        step_tok = sum(len(v.emitted_token_ids) for v in verified)
+        res.request_steps += len(verified)
         res.step_arms.append({"requests": arms_row})
         times.append(t_step)
         toks.append(step_tok)
-        if writer is not None:
-            writer.step(
-                {
-                    "step": step,
-                    "time": clock,
-                    "step_time_s": t_step,
-                    "controller_time_s": 0.0,
-                    "batch_size": B,
-                    "num_verified_tokens": verified,
-                    "num_prefill_tokens": prefill,
-                    "queue_len": len(queue),
-                    "fault": None,
-                    "requests": rows,
-                }
-            )
         clock += t_step
-        step += 1
         running = [lv for lv in running if lv.n < len(lv.req)]
     res.step_time_s = np.asarray(times, dtype=float)
     res.step_tokens = np.asarray(toks, dtype=np.int64)
     res.steps = len(times)
     res.tokens = int(res.step_tokens.sum())
     res.time_s = float(res.step_time_s.sum())
+    res.metrics.controller_time_s = 0.0  # replay charges no controller time to the simulated clock
     return res

@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from adaptive_spec.arms import NO_SPEC, Arm, arm_space, check_proposer_name
-from adaptive_spec.controller import REQUEST_FEATURES, SpecPolicy
+from adaptive_spec.controller import DECISION_FEATURES
+from adaptive_spec.protocol import SpecPolicy
 from adaptive_spec.trace import TraceWriter
 
 from .cost_profiles import CostProfile, is_draft_model
@@ -550,7 +551,7 @@ def record_trace(
             "max_k": policy.max_k,
             "proposers": ["none", *props],
             "policy": policy.name,
-            "feature_names": list(REQUEST_FEATURES),
+            "feature_names": list(DECISION_FEATURES),
             "meta": {"synthetic": True, "profile": profile.describe(), **(meta or {})},
         },
     )

@@ -7,6 +7,9 @@ import pytest
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+# Tests never read or write the automatic policy states of the cache directory (a test that checks
+# them sets the variable itself).
+os.environ["ADAPTIVE_SPEC_STATE_DIR"] = "off"
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"

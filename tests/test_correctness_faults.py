@@ -24,16 +24,11 @@ import pytest
 
 from adaptive_spec.arms import Arm
 from adaptive_spec.baselines import BatchSizeTablePolicy, StaticPolicy
-from adaptive_spec.controller import (
-    AdaptiveController,
-    RequestOutcome,
-    RequestView,
-    StepOutcome,
-    StepView,
-)
+from adaptive_spec.controller import AdaptiveController
 from adaptive_spec.cost_model import StepCostModel
 from adaptive_spec.policies import make_policy
 from adaptive_spec.proposers import JacobiProposer, NgramProposer
+from adaptive_spec.protocol import RequestOutcome, RequestView, StepOutcome, StepView
 from adaptive_spec.state import load_policy_state, policy_state_json, save_policy_state
 from adaptive_spec.trace import read_trace
 from tests.scripted import (
@@ -78,25 +73,19 @@ INVALID = [
         "0 <= epsilon <= 1",
     ),
     (AdaptiveController, {"proposers": P, "max_k": 4, "ema": 0.0}, "ema=", "0 < ema <= 1"),
-    (AdaptiveController, {"proposers": P, "max_k": 4, "min_gain": -1.0}, "min_gain=", ">= 0"),
-    (AdaptiveController, {"proposers": P, "max_k": 4, "min_gain": math.inf}, "min_gain=", "finite"),
-    (AdaptiveController, {"proposers": P, "max_k": 4, "discount": 0.0}, "discount", "(0, 1]"),
-    (AdaptiveController, {"proposers": P, "max_k": 4, "discount": 1.5}, "discount", "(0, 1]"),
-    (AdaptiveController, {"proposers": P, "max_k": 4, "prior_var": 0.0}, "prior_var", "> 0"),
+    (AdaptiveController, {"proposers": P, "max_k": 4, "discount": 0.0}, "discount", "<= 1"),
+    (AdaptiveController, {"proposers": P, "max_k": 4, "discount": 1.5}, "discount", "<= 1"),
+    (AdaptiveController, {"proposers": P, "max_k": 4, "alpha": 1.0}, "alpha=", "0 <= alpha < 1"),
+    (AdaptiveController, {"proposers": P, "max_k": 4, "alpha": -0.1}, "alpha=", "0 <= alpha < 1"),
+    (AdaptiveController, {"proposers": P, "max_k": 4, "ucb_bonus": -1.0}, "ucb_bonus=", ">= 0"),
+    (AdaptiveController, {"proposers": P, "max_k": 4, "ucb_bonus": math.nan}, "ucb_bonus=", ">= 0"),
+    (AdaptiveController, {"proposers": P, "max_k": 4, "probe_every": 0}, "probe_every=", ">= 1"),
     (
         AdaptiveController,
-        {"proposers": P, "max_k": 4, "cost_forgetting": 0.0},
-        "cost_forgetting=",
-        "1",
+        {"proposers": P, "max_k": 4, "baseline": "static:ngram:9"},
+        "baseline=",
+        "0..4",
     ),
-    (
-        AdaptiveController,
-        {"proposers": P, "max_k": 4, "cost_forgetting": 1.5},
-        "cost_forgetting=",
-        "1",
-    ),
-    (AdaptiveController, {"proposers": P, "max_k": 4, "ucb_alpha": -1.0}, "ucb_alpha=", ">= 0"),
-    (AdaptiveController, {"proposers": P, "max_k": 4, "ucb_alpha": math.nan}, "ucb_alpha=", ">= 0"),
     (AdaptiveController, {"proposers": P, "max_k": 4, "seed": -1}, "seed=", ">= 0"),
     (StaticPolicy, {"proposers": P, "max_k": 4, "arm": Arm("ngram", 5)}, "k=5", "0..4"),
     (
@@ -133,9 +122,9 @@ INVALID = [
     (JacobiProposer, {"ngram": 1}, "ngram=1", "[2, 16]"),
     (JacobiProposer, {"init": "zeros"}, "init=", "repeat"),
     (JacobiProposer, {"max_states": 0}, "max_states=0", ">= 1"),
-    (StepCostModel, {"forgetting": 0.0}, "forgetting=", "0 < forgetting <= 1"),
-    (StepCostModel, {"prior_scale": -1.0}, "prior_scale=", "> 0"),
-    (StepCostModel, {"min_coef": math.nan}, "min_coef=", ">= 0"),
+    (StepCostModel, {"load_rate": 0.0}, "load_rate=", "0 < load_rate <= 1"),
+    (StepCostModel, {"refresh_every": 0}, "refresh_every=", ">= 1"),
+    (StepCostModel, {"prior_weight": math.nan}, "prior_weight=", "> 0"),
     (Arm, {"proposer": "ngram", "k": -1}, "k=-1", ">= 0"),
     (Arm, {"proposer": "none", "k": 2}, "k=2", "k = 0"),
     (Arm.parse, {"text": "ngram:x"}, "arm='ngram:x'", "<proposer>:<k>"),
@@ -205,8 +194,8 @@ def test_bad_step_times_ignored_and_counted_by_the_controller():
     ctrl.observe(
         StepOutcome([RequestOutcome("a", Arm("ngram", 2), 2, 1, [1, 9], False)], 0.02, 1, 2)
     )
-    theta = ctrl.cost.theta.copy()
-    P = ctrl.cost.P.copy()
+    table = ctrl.cost.table.seconds.copy()
+    load = ctrl.cost.log_load
     n = ctrl.cost.n_updates
     for bad in (math.nan, math.inf, -math.inf, -0.01, 0.0):
         ctrl.decide(StepView([v], batch_size=1))
@@ -214,7 +203,7 @@ def test_bad_step_times_ignored_and_counted_by_the_controller():
             StepOutcome([RequestOutcome("a", Arm("ngram", 2), 2, 1, [1, 9], False)], bad, 1, 2)
         )
     assert ctrl.cost.n_ignored == 5 and ctrl.cost.n_updates == n
-    assert np.array_equal(ctrl.cost.theta, theta) and np.array_equal(ctrl.cost.P, P)
+    assert np.array_equal(ctrl.cost.table.seconds, table) and ctrl.cost.log_load == load
     assert np.isfinite(ctrl.cost.predict(4, 8)).all()
 
 
@@ -238,9 +227,9 @@ def test_bad_step_times_through_the_engine(tiny_llm, tmp_path):
             i = len(injected)
             injected.append(i % 3)
             if i % 3 == 1:
-                spec._step_start = math.nan
+                spec._tau_prev = math.nan
             elif i % 3 == 2:
-                spec._step_start = time.perf_counter() + 1000.0  # the clock runs backwards
+                spec._tau_prev = time.perf_counter() + 1000.0  # the clock runs backwards
             return out
 
         spec.scheduler.schedule = schedule
@@ -252,7 +241,7 @@ def test_bad_step_times_through_the_engine(tiny_llm, tmp_path):
     assert ctrl.cost.n_ignored == bad and ctrl.cost.n_updates == len(injected) - bad
     assert math.isfinite(stats["step_time_s"]) and stats["step_time_s"] > 0
     assert math.isfinite(stats["controller_overhead"])
-    assert np.isfinite(ctrl.cost.theta).all()
+    assert np.isfinite(ctrl.cost.table.seconds).all() and math.isfinite(ctrl.cost.load)
 
 
 # -- policy and proposer faults --------------------------------------------------------------------
@@ -360,7 +349,7 @@ def _corruptions(good: str) -> dict[str, str]:
         return json.dumps(d)
 
     def nan_second_model(d):
-        d["state"]["models"]["jacobi"]["mean"][0] = float("nan")
+        d["state"]["acceptance"]["acc"][1][0][0][0][0] = float("nan")
 
     return {
         "empty": "",
@@ -370,10 +359,12 @@ def _corruptions(good: str) -> dict[str, str]:
         "other-format": variant(lambda d: d.update(format="something-else")),
         "other-version": variant(lambda d: d.update(version=99)),
         "other-policy": variant(lambda d: d.update(policy="static:ngram:4")),
-        "missing-proposer": variant(lambda d: d["state"]["models"].pop("jacobi")),
+        "other-cells": variant(lambda d: d["state"]["acceptance"].update(shape=[2, 3, 4, 4, 4])),
         "nan-in-second-model": variant(nan_second_model),
-        "bad-cost-shape": variant(lambda d: d["state"]["cost"].update(P=[[1.0]])),
-        "bad-cost-forgetting": variant(lambda d: d["state"]["cost"].update(forgetting=5.0)),
+        "bad-cost-shape": variant(lambda d: d["state"]["cost"]["table"].update(seconds=[[1.0]])),
+        "negative-cost": variant(
+            lambda d: d["state"]["cost"]["table"]["seconds"][0].__setitem__(0, -1.0)
+        ),
         "missing-cost": variant(lambda d: d["state"].pop("cost")),
         "bad-n-steps": variant(lambda d: d["state"].update(n_steps="many")),
         "other-max-k": variant(lambda d: d["state"].update(max_k=MAX_K + 1)),
@@ -403,9 +394,11 @@ def test_valid_policy_state_loads(tmp_path):
     save_policy_state(trained, path)
     fresh = AdaptiveController(["ngram", "jacobi"], MAX_K, seed=7)
     assert load_policy_state(fresh, path) is True
-    assert json.dumps(fresh.state_dict(), sort_keys=True) == json.dumps(
-        trained.state_dict(), sort_keys=True
+    a, b = fresh.state_dict(), trained.state_dict()
+    assert json.dumps(a["acceptance"], sort_keys=True) == json.dumps(
+        b["acceptance"], sort_keys=True
     )
+    assert a["cost"]["table"] == b["cost"]["table"]
 
 
 @pytest.mark.vllm
@@ -419,7 +412,7 @@ def test_corrupt_policy_state_through_adaptive_spec(tiny_llm, tmp_path, caplog):
     spec = AdaptiveSpec(tiny_llm, ["none", "ngram", "jacobi"], policy="adaptive", policy_state=path)
     try:
         assert spec.policy.n_steps == 0
-        assert all(m.n_updates == 0 for m in spec.policy.models.values())
+        assert spec.policy.acceptance.n_updates == 0
         assert any("refused" in r.getMessage() for r in caplog.records)
     finally:
         spec.policy_state_path = None  # do not overwrite the corrupt file on detach

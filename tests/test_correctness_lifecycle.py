@@ -16,14 +16,9 @@ import numpy as np
 import pytest
 
 from adaptive_spec.arms import NO_SPEC, Arm
-from adaptive_spec.controller import (
-    AdaptiveController,
-    RequestOutcome,
-    RequestView,
-    StepOutcome,
-    StepView,
-)
+from adaptive_spec.controller import AdaptiveController
 from adaptive_spec.proposers import JacobiProposer, NgramProposer, ProposalRequest
+from adaptive_spec.protocol import RequestOutcome, RequestView, StepOutcome, StepView
 from tests.scripted import (
     MAX_K,
     OracleProposer,

@@ -186,14 +186,17 @@ def test_controller_learns_from_committed_tokens_only():
     import numpy as np
 
     from adaptive_spec.arms import Arm
-    from adaptive_spec.controller import RequestOutcome, RequestView, StepOutcome, StepView
+    from adaptive_spec.protocol import RequestOutcome, RequestView, StepOutcome, StepView
 
     ctrl = AdaptiveController(["ngram"], MAX_K, exploration="greedy", seed=0)
     draft = np.array([5, 6, 7, 8], dtype=np.int64)
-    labels: list[list[float]] = []
-    model = ctrl.models["ngram"]
-    learn = model.learn_batch
-    model.learn_batch = lambda X, y: (labels.append([float(t) for t in y]), learn(X, y))[1]
+    labels: list[tuple[int, int]] = []
+    model = ctrl.acceptance
+    learn = model.update
+    model.update = lambda p, t, h, m, ones, zero: (
+        labels.extend(zip(ones.tolist(), zero.tolist(), strict=True)),
+        learn(p, t, h, m, ones, zero),
+    )[1]
     v = RequestView("a", 3, 100)
     v.drafts["ngram"] = draft
     ctrl.decide(StepView([v], batch_size=1))
@@ -201,5 +204,5 @@ def test_controller_learns_from_committed_tokens_only():
     ctrl.observe(
         StepOutcome([RequestOutcome("a", Arm("ngram", 4), 4, 2, [5, 6], True)], 0.01, 1, 4)
     )
-    assert labels == [[1.0, 1.0]]  # two labelled positions, both accepted; the rest unknown
+    assert labels == [(2, 0)]  # two labelled positions, both accepted; the rest unknown
     assert ctrl.num_tracked_requests() == 0

@@ -16,14 +16,8 @@ import pytest
 
 from adaptive_spec.arms import NO_SPEC, Arm
 from adaptive_spec.baselines import StaticPolicy
-from adaptive_spec.controller import (
-    AdaptiveController,
-    RequestOutcome,
-    RequestView,
-    SpecPolicy,
-    StepOutcome,
-    StepView,
-)
+from adaptive_spec.controller import AdaptiveController
+from adaptive_spec.protocol import RequestOutcome, RequestView, SpecPolicy, StepOutcome, StepView
 
 BATCH = 256
 MAX_K = 4

@@ -453,8 +453,8 @@ def test_runtime_loads_state_and_refuses_bad_files(fake_core, tmp_path, caplog):
     rt2 = ServeRuntime(fake_core, cfg)
     assert rt2.state_loaded and rt2.spec.policy.n_steps == 3
     rt2.close()
-    # Incompatible: other proposers.
-    cfg3 = ServeConfig(proposers=("none", "ngram", "jacobi"), state=state, metrics_interval_s=0.05)
+    # Incompatible: no proposer in common (a state of overlapping proposers loads the shared ones).
+    cfg3 = ServeConfig(proposers=("none", "jacobi"), state=state, metrics_interval_s=0.05)
     with caplog.at_level("WARNING"):
         rt3 = ServeRuntime(fake_core, cfg3)
     assert not rt3.state_loaded and rt3.spec.policy.n_steps == 0
@@ -462,7 +462,7 @@ def test_runtime_loads_state_and_refuses_bad_files(fake_core, tmp_path, caplog):
     assert len(refused) == 1 and not state.exists()
     assert "refused" in caplog.text and str(refused[0]) in caplog.text
     rt3.close()
-    assert json.loads(state.read_text())["state"]["proposers"] == ["ngram", "jacobi"]
+    assert json.loads(state.read_text())["state"]["proposers"] == ["jacobi"]
     # Corrupt.
     state.write_text('{"format": "adaptive-spec-policy-state", "vers')
     rt4 = ServeRuntime(fake_core, cfg3)

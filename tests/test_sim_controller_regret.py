@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from adaptive_spec.sim.cost_profiles import PRESETS
+from adaptive_spec.sim.cost_profiles import PRESETS, profile_table
 from adaptive_spec.sim.recording import RecordingPolicy
 from adaptive_spec.sim.replay import replay
 from adaptive_spec.sim.synthetic import (
@@ -25,6 +25,7 @@ from adaptive_spec.sim.synthetic import (
 from adaptive_spec.controller import AdaptiveController
 
 PROF = PRESETS["cpu-smollm2"]
+TABLE = profile_table(PROF, max_batch=4, max_k=8)  # what calibration would measure
 K = 8
 PROPS = ["ngram", "jacobi"]
 
@@ -33,7 +34,7 @@ def _run(specs: list[RequestSpec], seed: int) -> tuple[list[Regime], np.ndarray,
     """Replay the default controller; per decode step: the regime, the pseudo-regret in tokens
     against the regime's optimum, and whether the chosen proposer is the optimum's."""
     reqs = make_requests(specs, K, seed=seed)
-    pol = RecordingPolicy(AdaptiveController(PROPS, K, seed=seed))
+    pol = RecordingPolicy(AdaptiveController(PROPS, K, seed=seed, cost_table=TABLE))
     replay(reqs, pol, PROF, max_batch=1)
     spec_of = {r.req_id: s for r, s in zip(reqs, specs, strict=True)}
     optima: dict[str, RegimeOptimum] = {}

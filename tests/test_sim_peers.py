@@ -14,7 +14,7 @@ from adaptive_spec.sim.synthetic import AcceptanceProcess, Regime, make_requests
 
 from adaptive_spec.arms import Arm
 from adaptive_spec.baselines import StaticPolicy
-from adaptive_spec.controller import RequestOutcome, RequestView, SpecPolicy, StepOutcome, StepView
+from adaptive_spec.protocol import RequestOutcome, RequestView, SpecPolicy, StepOutcome, StepView
 
 
 def _view(rids: list[str], k: int = 8) -> StepView:

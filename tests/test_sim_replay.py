@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 from adaptive_spec.arms import Arm, arm_space
 from adaptive_spec.baselines import StaticPolicy
 from adaptive_spec.cli import main as cli_main
-from adaptive_spec.controller import Decision, SpecPolicy, StepView
 from adaptive_spec.policies import make_policy
+from adaptive_spec.protocol import Decision, SpecPolicy, StepView
 from adaptive_spec.trace import read_trace
 
 PROPS = ["ngram", "jacobi"]

@@ -8,7 +8,7 @@ import types
 import pytest
 
 from adaptive_spec.arms import NO_SPEC, Arm
-from adaptive_spec.controller import Decision, SpecPolicy, StepView
+from adaptive_spec.protocol import Decision, SpecPolicy, StepView
 from tests.conftest import tiny_prompts
 
 pytestmark = pytest.mark.vllm

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from adaptive_spec.machine import cpu_model
+
 KIND_ORDER = {"baseline": 0, "static": 1, "peer": 2, "vllm": 3, "hf": 4, "adaptive": 5}
 
 
@@ -21,16 +23,6 @@ def _version(*dists: str) -> str | None:
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _git(root: Path) -> dict[str, Any]:
@@ -60,7 +52,7 @@ def environment() -> dict[str, Any]:
     except AttributeError:
         affinity = None
     return {
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "logical_cpus": os.cpu_count(),
         "cpus_available": affinity,
         "torch_threads": torch.get_num_threads(),

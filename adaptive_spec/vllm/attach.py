@@ -27,31 +27,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from adaptive_spec.arms import NO_SPEC, Arm, check_proposer_name
-from adaptive_spec.controller import (
-    FEATURE_DIM,
-    REQUEST_FEATURES,
-    RequestOutcome,
-    RequestView,
-    SpecPolicy,
-    StepOutcome,
-    StepView,
-)
+from adaptive_spec.arms import Arm, check_proposer_name
+from adaptive_spec.controller import DECISION_FEATURES
+from adaptive_spec.driver import DriverDecision, LiveRequest, StepDriver, VerifiedRequest
+from adaptive_spec.machine import engine_key
 from adaptive_spec.metrics import SpecMetrics
 from adaptive_spec.policies import make_policy
+from adaptive_spec.protocol import SpecPolicy
 from adaptive_spec.trace import TraceWriter
-
-if TYPE_CHECKING:
-    from adaptive_spec.proposers.base import ProposalRequest
 
 logger = logging.getLogger(__name__)
 
@@ -111,30 +102,6 @@ def _model_runner(core: Any) -> Any:
     return runner
 
 
-class _TokenBuffer:
-    """A request's token history (prompt + committed output) as a growable int64 array, so the per-step
-    proposers get a view without copying the whole history."""
-
-    __slots__ = ("arr", "n")
-
-    def __init__(self, tokens: Sequence[int]) -> None:
-        self.arr = np.empty(max(64, 2 * len(tokens)), dtype=np.int64)
-        self.n = 0
-        self.extend(tokens)
-
-    def extend(self, tokens: Sequence[int]) -> None:
-        m = len(tokens)
-        if self.n + m > len(self.arr):
-            grown = np.empty(max(2 * len(self.arr), self.n + m), dtype=np.int64)
-            grown[: self.n] = self.arr[: self.n]
-            self.arr = grown
-        self.arr[self.n : self.n + m] = tokens
-        self.n += m
-
-    def view(self) -> np.ndarray:
-        return self.arr[: self.n]
-
-
 class AdaptiveSpec:
     """Attach an adaptive speculation controller to an in-process vLLM 0.32 ``LLM``.
 
@@ -161,9 +128,22 @@ class AdaptiveSpec:
         policy object.
     trace : path, optional
         Write a JSONL step trace there (schema: :mod:`adaptive_spec.trace`).
-    policy_state : path, optional
+    policy_state : path, "auto" or None
         Load the policy's learned state from this JSON file if it exists (refused with a warning if
-        corrupt or incompatible: the controller starts fresh); :meth:`save_state` writes it.
+        corrupt or incompatible: the controller starts fresh); :meth:`detach` / :meth:`save_state`
+        write it. ``"auto"`` (the default): a file in the cache directory keyed by model, dtype,
+        machine, policy and proposers (:func:`adaptive_spec.state.auto_state_path`), for the adaptive
+        controller only, so learning carries over between runs; ``None`` keeps nothing.
+    cost_table : StepCostTable or path, optional
+        The measured step-cost table for policies that price steps (the adaptive controller,
+        SmartSpec). Default: see ``calibrate``.
+    calibrate : bool or "auto"
+        ``"auto"`` (default): use the first table that fits this engine (model, dtype, threads,
+        device) among the loaded policy state's, a table calibrated earlier on this machine (cache
+        directory) and the tables shipped with adaptive-spec; if none fits, measure one now with
+        dummy steps (:mod:`adaptive_spec.vllm.calibrate`, about 10-20 s on 2 CPU cores) and cache it.
+        ``True``: always measure now. ``False``: never measure (a shipped table of the same model and
+        dtype from another machine, else a generic prior shape, corrected online).
     category_of : callable, optional
         ``f(prompt_token_ids) -> str | None``: a workload category for per-category stats and the trace.
     seed : int
@@ -189,7 +169,9 @@ class AdaptiveSpec:
         policy: str | SpecPolicy = "adaptive",
         *,
         trace: str | Path | None = None,
-        policy_state: str | Path | None = None,
+        policy_state: str | Path | None = "auto",
+        cost_table: Any = None,
+        calibrate: bool | str = "auto",
         category_of: Callable[[Sequence[int]], str | None] | None = None,
         seed: int = 0,
         ngram_min: int = 2,
@@ -260,11 +242,18 @@ class AdaptiveSpec:
             self.policy = policy
         else:
             self.policy = make_policy(policy, proposers, self.max_k, seed=seed)
-        self.policy_state_path = Path(policy_state) if policy_state else None
-        if self.policy_state_path is not None and self.policy_state_path.exists():
-            from adaptive_spec.state import load_policy_state
+        if calibrate not in (True, False, "auto"):
+            raise ValueError(f"calibrate={calibrate!r} is invalid; allowed: True, False, 'auto'")
+        mc = core.vllm_config.model_config
+        self.engine_key = engine_key(mc.model, str(mc.dtype))
+        from adaptive_spec.state import auto_state_path, load_policy_state
 
-            load_policy_state(self.policy, self.policy_state_path)
+        if policy_state == "auto":
+            policy_state = auto_state_path(self.policy, self.engine_key, proposers)
+        self.policy_state_path = Path(policy_state) if policy_state else None
+        self.state_loaded = False
+        if self.policy_state_path is not None and self.policy_state_path.exists():
+            self.state_loaded = load_policy_state(self.policy, self.policy_state_path)
         self.vocab_size = int(core.vllm_config.model_config.get_vocab_size())
         self.max_model_len = int(core.vllm_config.model_config.max_model_len)
         self.proposers: dict[str, Any] = {}
@@ -315,8 +304,7 @@ class AdaptiveSpec:
                     "max_k": self.max_k,
                     "proposers": proposers,
                     "policy": self.policy.name,
-                    "feature_names": list(REQUEST_FEATURES),
-                    "feature_dim": FEATURE_DIM,
+                    "feature_names": list(DECISION_FEATURES),
                     "meta": {
                         "vllm": vllm.__version__,
                         "engine_method": self.engine_method,
@@ -326,24 +314,84 @@ class AdaptiveSpec:
                     },
                 },
             )
-        # Per-request bookkeeping.
-        self._tokens: dict[str, _TokenBuffer] = {}
-        self._category: dict[str, str | None] = {}
-        self._chosen: dict[str, tuple[Arm, float | None, list[float], dict[str, list[int]]]] = {}
-        self._last: dict[
-            str, tuple[np.ndarray, np.ndarray, int]
-        ] = {}  # draft, target argmax, accepted
+        self.driver = StepDriver(
+            self.policy,
+            self.proposers,
+            max_k=self.max_k,
+            vocab_size=self.vocab_size,
+            external=self.drafter_family,
+            tracer=self.tracer,
+            metrics=self.metrics,
+        )
         self._engine_drafts: dict[str, list[int]] = {}
         self._argmax: dict[str, np.ndarray] = {}
-        self._step_start: float | None = None
-        self._pending_controller_s = 0.0  # observation time inside the current step
-        self._decide_s = 0.0  # decision time after the previous step (between two engine steps)
-        self._step_index = 0
-        self.faults = 0
-        self.last_fault: str | None = None
+        self._t_schedule: float | None = None
+        self._tau_prev: float | None = None  # end of the previous step's update_from_output
+        self._busy_prev = False  # whether the engine had requests left after the previous step
+        self._post_prev_s = 0.0  # duration of the previous post_step (engine drafter + decision)
+        self._hook_s = 0.0  # adapter time inside the current step (argmax, bookkeeping)
+        self._decide_s = 0.0  # the decision after the previous step
+        self._calib: Any = None  # a calibration in progress (adaptive_spec.vllm.calibrate)
         self._originals: list[tuple[Any, str, bool, Any]] = []
         self._attached = False
         self._attach()
+        try:
+            self.cost_table_source = self._resolve_cost_table(cost_table, calibrate)
+        except BaseException:
+            self.detach()
+            raise
+
+    def _resolve_cost_table(self, given: Any, calibrate: bool | str) -> str | None:
+        """Give the policy its measured step-cost table (see ``cost_table`` / ``calibrate``)."""
+        from adaptive_spec.cost_model import StepCostModel
+        from adaptive_spec.cost_table import StepCostTable
+        from adaptive_spec.cost_tables import (
+            KEY_FIELDS,
+            cached_table,
+            save_cached_table,
+            shipped_table,
+        )
+
+        model = getattr(self.policy, "cost", None)
+        if not isinstance(model, StepCostModel):
+            return None
+        key = self.engine_key
+        table: StepCostTable | None = None
+        source = ""
+        if given is not None:
+            table = given if isinstance(given, StepCostTable) else _read_table(given)
+            source = "given"
+        elif calibrate is True:
+            source = "calibrated now"
+        elif self.state_loaded and model.table.matches(key, KEY_FIELDS):
+            return "policy state"
+        elif (table := cached_table(key)) is not None:
+            source = "calibrated earlier on this machine"
+        elif (table := shipped_table(key)) is not None:
+            source = "shipped"
+        elif calibrate == "auto":
+            source = "calibrated now"
+        elif self.state_loaded:
+            return "policy state (another engine or machine)"
+        else:
+            table = shipped_table(key, KEY_FIELDS[:2])
+            source = "shipped (another machine)" if table is not None else "prior"
+        if source == "calibrated now":
+            table = self.calibrate()
+            save_cached_table(table)
+        self.policy.cost = StepCostModel(table)
+        return source
+
+    def calibrate(self, **kwargs: Any) -> Any:
+        """Measure this engine's step-cost table with dummy steps now (the engine must be idle); see
+        :func:`adaptive_spec.vllm.calibrate.calibrate` for the parameters. Returns the table; it does
+        not install it (``AdaptiveSpec(calibrate=True)`` does)."""
+        from adaptive_spec.vllm.calibrate import calibrate
+
+        t0 = time.perf_counter()
+        table = calibrate(self, key=self.engine_key, **kwargs)
+        self.calibration_s = time.perf_counter() - t0
+        return table
 
     @classmethod
     def attach_engine_core(
@@ -372,21 +420,27 @@ class AdaptiveSpec:
         orig_rs = self._patch(rs, "forward", None)
 
         def schedule(*args: Any, **kwargs: Any) -> Any:
-            self._step_start = time.perf_counter()
+            self._t_schedule = time.perf_counter()
             return orig_schedule(*args, **kwargs)
 
         def update_from_output(scheduler_output: Any, model_runner_output: Any) -> Any:
             try:
                 pre = self._pre_update(scheduler_output, model_runner_output)
             except Exception as e:  # the controller never takes the engine down
-                self._fault("observe", e)
+                self.driver.fault("observe", e)
                 pre = None
             result = orig_update(scheduler_output, model_runner_output)
+            tau = time.perf_counter()
             if pre is not None:
                 try:
-                    self._post_update(pre)
+                    self._post_update(pre, tau)
                 except Exception as e:
-                    self._fault("observe", e)
+                    self.driver.fault("observe", e)
+            self._tau_prev = tau
+            try:
+                self._busy_prev = bool(self.scheduler.has_requests())
+            except Exception:
+                self._busy_prev = False
             return result
 
         def update_draft_token_ids(draft_token_ids: Any) -> None:
@@ -398,7 +452,7 @@ class AdaptiveSpec:
                     )
                 }
             except Exception as e:
-                self._fault("engine drafts", e)
+                self.driver.fault("engine drafts", e)
                 self._orig_update_drafts(draft_token_ids)
 
         def finish_requests(request_ids: Any, finished_status: Any) -> Any:
@@ -407,20 +461,24 @@ class AdaptiveSpec:
                 for r in finished or ():
                     self._forget(r.request_id)
             except Exception as e:
-                self._fault("finish", e)
+                self.driver.fault("finish", e)
             return finished
 
         def post_step(model_executed: bool) -> None:
+            t0 = time.perf_counter()
             self._engine_drafts = {}
             orig_post(model_executed)
             if model_executed:
                 self._assign_drafts()
+            self._post_prev_s = time.perf_counter() - t0
 
         def forward(metadata: Any, draft_probs: Any, logits: Any, sampling_metadata: Any) -> Any:
+            t0 = time.perf_counter()
             try:
                 self._record_argmax(metadata, logits)
             except Exception as e:
-                self._fault("target argmax", e)
+                self.driver.fault("target argmax", e)
+            self._hook_s += time.perf_counter() - t0
             return orig_rs(metadata, draft_probs, logits, sampling_metadata)
 
         # Install the real closures (the placeholders above recorded the originals).
@@ -458,41 +516,51 @@ class AdaptiveSpec:
     def __exit__(self, *exc: object) -> None:
         self.detach()
 
+    # -- faults -------------------------------------------------------------------------------
+    @property
+    def faults(self) -> int:
+        """Controller faults so far (each fell back to the engine's own behaviour for its step)."""
+        return self.driver.faults
+
+    @property
+    def last_fault(self) -> str | None:
+        return self.driver.last_fault
+
     def _fault(self, where: str, err: BaseException) -> None:
-        self.faults += 1
-        self.metrics.faults += 1
-        self.last_fault = f"{where}: {type(err).__name__}: {err}"
-        if self.faults <= 5 or self.faults % 1000 == 0:
-            logger.warning(
-                "adaptive-spec controller fault #%d in %s (%s: %s); this step falls back to the engine's behaviour",
-                self.faults,
-                where,
-                type(err).__name__,
-                err,
-                exc_info=self.faults <= 1,
-            )
+        self.driver.fault(where, err)
 
     # -- runner side --------------------------------------------------------------------------
     def _record_argmax(self, metadata: Any, logits: Any) -> None:
-        if "jacobi" not in self.proposers and self.tracer is None:
-            return
+        """The target's argmax at the verified positions of the requests whose next drafts need it
+        (Jacobi's iterate): only those rows, in the logits' own dtype (argmax is exact in it)."""
         req_ids = self.runner.input_batch.req_ids
         num_draft = list(metadata.num_draft_tokens)
         if len(num_draft) != len(req_ids):
             return
-        am = logits.argmax(dim=-1).cpu().numpy()
-        tgt = metadata.target_logits_indices.cpu().numpy()
-        bonus = metadata.bonus_logits_indices.cpu().numpy()
-        out: dict[str, np.ndarray] = {}
+        want = self.driver.argmax_wanted
+        tgt = metadata.target_logits_indices
+        bonus = metadata.bonus_logits_indices
+        rows: list[Any] = []
+        owners: list[tuple[str, int]] = []
         start = 0
         for i, rid in enumerate(req_ids):
             n = num_draft[i]
-            if n > 0:
-                out[rid] = np.concatenate(
-                    [am[tgt[start : start + n]], am[bonus[i : i + 1]]]
-                ).astype(np.int64)
+            if n > 0 and want(rid):
+                rows.append(tgt[start : start + n])
+                rows.append(bonus[i : i + 1])
+                owners.append((rid, n + 1))
             start += n
-        self._argmax = out
+        self._argmax = {}
+        if not owners:
+            return
+        import torch
+
+        idx = torch.cat(rows)
+        am = logits.index_select(0, idx).argmax(dim=-1).cpu().numpy().astype(np.int64)
+        off = 0
+        for rid, n in owners:
+            self._argmax[rid] = am[off : off + n]
+            off += n
 
     # -- scheduler side -----------------------------------------------------------------------
     def _pre_update(self, so: Any, mro: Any) -> dict[str, Any]:
@@ -505,273 +573,151 @@ class AdaptiveSpec:
         sampled = mro.sampled_token_ids
         index = mro.req_id_to_index
         accepted = {}
-        for rid, _drafts in so.scheduled_spec_decode_tokens.items():
+        for rid in so.scheduled_spec_decode_tokens:
             i = index.get(rid)
             if i is not None and sampled:
                 accepted[rid] = max(len(sampled[i]) - 1, 0)
+        spec_tokens = so.scheduled_spec_decode_tokens
         pre = {
-            "t_exec_end": t0,
             "reqs": reqs,
-            "spec": {rid: len(d) for rid, d in so.scheduled_spec_decode_tokens.items()},
-            "spec_tokens": so.scheduled_spec_decode_tokens,
+            "spec": {rid: len(d) for rid, d in spec_tokens.items()},
             # Prompt tokens computed this step: scheduled tokens beyond one decode token plus the drafts.
             "prefill": sum(
-                max(n - 1 - len(so.scheduled_spec_decode_tokens.get(rid, ())), 0)
+                max(n - 1 - len(spec_tokens.get(rid, ())), 0)
                 for rid, n in so.num_scheduled_tokens.items()
             ),
             "accepted": accepted,
             "argmax": self._argmax,
         }
         self._argmax = {}
-        self._pending_controller_s += time.perf_counter() - t0
+        self._hook_s += time.perf_counter() - t0
         return pre
 
-    def _post_update(self, pre: dict[str, Any]) -> None:
-        t_obs0 = time.perf_counter()
-        start = self._step_start if self._step_start is not None else pre["t_exec_end"]
-        reqs = pre["reqs"]
-        batch = len(reqs)
-        verified = sum(pre["spec"].values())
-        outcomes: list[RequestOutcome] = []
-        rows: list[dict[str, Any]] = []
-        step_categories: dict[
-            str, str
-        ] = {}  # kept here: finished requests are released in the loop
-        for rid, (r, n_before) in reqs.items():
-            if rid not in self._tokens:
-                self._tokens[rid] = _TokenBuffer(r.prompt_token_ids or [])
+    def _post_update(self, pre: dict[str, Any], tau: float) -> None:
+        t0 = time.perf_counter()
+        # The step's full cost: from the end of the previous step's update to the end of this one
+        # (the decision, the engine's own drafter, scheduling, the forward pass, verification and
+        # this hook's previous run), when the engine went straight on; after an idle wait, from this
+        # step's schedule() plus the previous post_step.
+        if self._tau_prev is not None and self._busy_prev:
+            step_time = tau - self._tau_prev
+        else:
+            start = self._t_schedule if self._t_schedule is not None else tau
+            step_time = (tau - start) + self._post_prev_s
+        if self._calib is not None:
+            self._calib.record(
+                len(pre["reqs"]), sum(pre["spec"].values()), pre["prefill"], step_time
+            )
+            self._hook_s = 0.0
+            return
+        driver = self.driver
+        verified: list[VerifiedRequest] = []
+        for rid, (r, n_before) in pre["reqs"].items():
+            if not driver.has_request(rid):
                 cat = None
                 if self.category_of is not None:
                     try:
                         cat = self.category_of(r.prompt_token_ids or [])
                     except Exception:
                         cat = None
-                self._category[rid] = cat
-                if self.tracer is not None:
-                    sp = r.sampling_params
-                    self.tracer.request(
-                        {
-                            "req_id": rid,
-                            "category": cat,
-                            "prompt_token_ids": list(r.prompt_token_ids or []),
-                            "temperature": float(getattr(sp, "temperature", 0.0) or 0.0),
-                            "max_tokens": r.max_tokens,
-                        }
-                    )
-            step_categories[rid] = self._category.get(rid) or "all"
+                sp = r.sampling_params
+                driver.add_request(
+                    rid,
+                    r.prompt_token_ids or [],
+                    temperature=float(getattr(sp, "temperature", 0.0) or 0.0),
+                    max_tokens=r.max_tokens,
+                    category=cat,
+                )
             emitted = list(r.output_token_ids[n_before:])
-            self._tokens[rid].extend(emitted)
-            finished = r.is_finished()
             drafted = pre["spec"].get(rid, 0)
             # Committed accepted draft tokens: a stop token or a length limit inside an accepted chunk
             # cuts the raw count (vLLM's sampled tokens) to what was emitted.
             acc = min(pre["accepted"].get(rid, 0), drafted, len(emitted))
-            chosen = self._chosen.pop(rid, None)
-            arm = chosen[0] if chosen is not None else NO_SPEC
-            argmax = pre["argmax"].get(rid)
-            if drafted > 0 and argmax is not None:
-                self._last[rid] = (np.asarray(pre["spec_tokens"][rid], dtype=np.int64), argmax, acc)
-            else:
-                self._last.pop(rid, None)
-            if chosen is not None or drafted > 0:
-                outcomes.append(RequestOutcome(rid, arm, drafted, acc, emitted, finished))
-            proposer = arm.proposer if drafted > 0 else "none"
-            self.metrics.add_request_step(
-                str(arm) if drafted > 0 else "none",
-                proposer,
-                self._category.get(rid),
-                drafted,
-                acc,
-                len(emitted),
-                0.0,
+            verified.append(
+                VerifiedRequest(rid, drafted, acc, emitted, r.is_finished(), pre["argmax"].get(rid))
             )
-            if self.tracer is not None:
-                rows.append(
-                    {
-                        "req_id": rid,
-                        "arm": str(arm) if drafted > 0 else "none",
-                        "drafted": drafted,
-                        "accepted": acc,
-                        "emitted": len(emitted),
-                        "emitted_token_ids": emitted,
-                        "num_output_before": n_before,
-                        "features": chosen[2] if chosen else None,
-                        "propensity": chosen[1] if chosen else None,
-                        "cf_drafts": chosen[3] if chosen else None,
-                        "target_argmax": argmax.tolist() if argmax is not None else None,
-                        "finished": finished,
-                    }
-                )
-            if finished:
-                self._release(rid)
-        now = time.perf_counter()
-        observe_s = self._pending_controller_s + (now - t_obs0)
-        # The engine's own time for this step: wall time from schedule() to the end of update_from_output,
-        # less the controller's observation work inside it. The decision made after the previous step ran
-        # between the two steps; it is reported as controller time, not subtracted from the step.
-        step_time = (now - start) - observe_s
-        controller_s = observe_s + self._decide_s
-        if not (math.isfinite(step_time) and step_time > 0):
-            self.metrics.ignored_step_times += 1
-        # Charge each request-step an equal share of the step's wall time.
-        share = step_time / batch if batch and step_time > 0 else 0.0
-        for rid in reqs:
-            self.metrics.by_category[step_categories.get(rid) or "all"].time_s += share
-        for o in outcomes:
-            key = str(o.arm) if o.drafted > 0 else "none"
-            self.metrics.by_arm[key].time_s += share
-            self.metrics.by_proposer[o.arm.proposer if o.drafted > 0 else "none"].time_s += share
-        t_learn = time.perf_counter()
-        # A policy error loses the policy's update, never the step's metrics and trace record.
-        try:
-            if outcomes or step_time > 0:
-                self.policy.observe(
-                    StepOutcome(outcomes, step_time, batch, verified, pre["prefill"])
-                )
-        except Exception as e:
-            self._fault("observe", e)
-        for rid in list(reqs):
-            if reqs[rid][0].is_finished():
-                try:
-                    self.policy.release(rid)
-                except Exception as e:
-                    self._fault("release", e)
-        controller_s += time.perf_counter() - t_learn
-        valid_time = math.isfinite(step_time) and step_time > 0
-        self.metrics.add_step(step_time if valid_time else 0.0, controller_s)
-        if self.tracer is not None:
-            self.tracer.step(
-                {
-                    "step": self._step_index,
-                    "time": start,
-                    "step_time_s": step_time,
-                    "controller_time_s": controller_s,
-                    "batch_size": batch,
-                    "num_verified_tokens": verified,
-                    "num_prefill_tokens": pre["prefill"],
-                    "queue_len": len(self.scheduler.waiting),
-                    "fault": self.last_fault,
-                    "requests": rows,
-                }
-            )
-        self.last_fault = None
-        self._step_index += 1
-        self._pending_controller_s = 0.0
+        for rid in [rid for rid, (r, _) in pre["reqs"].items() if r.is_finished()]:
+            if self.lora is not None:
+                self.lora.release(rid)
+        hook_s = self._hook_s + (time.perf_counter() - t0)
+        self._hook_s = 0.0
+        driver.observe(
+            verified,
+            step_time_s=step_time,
+            batch_size=len(pre["reqs"]),
+            num_verified_tokens=sum(pre["spec"].values()),
+            num_prefill_tokens=pre["prefill"],
+            queue_len=len(self.scheduler.waiting),
+            start_time=self._t_schedule or tau,
+            controller_time_s=hook_s + self._decide_s,
+        )
         self._decide_s = 0.0
-        self._step_start = None
-
-    def _release(self, rid: str) -> None:
-        if self.lora is not None:
-            self.lora.release(rid)
-        self._tokens.pop(rid, None)
-        self._category.pop(rid, None)
-        self._chosen.pop(rid, None)
-        self._last.pop(rid, None)
-        for p in self.proposers.values():
-            p.release(rid)
 
     def _forget(self, rid: str) -> None:
         """A request finished outside the step loop (abort, stop string): drop its state everywhere."""
-        if rid in self._tokens or rid in self._chosen:
-            self._release(rid)
-            self.policy.release(rid)
+        if self.driver.has_request(rid):
+            if self.lora is not None:
+                self.lora.release(rid)
+            self.driver.release(rid)
 
     def _assign_drafts(self) -> None:
         t0 = time.perf_counter()
         engine = self._engine_drafts
-        try:
-            req_ids, drafts = self._decide(engine)
-        except Exception as e:
-            self._fault("decide", e)
-            self._chosen.clear()
-            if engine:
-                from vllm.v1.outputs import DraftTokenIds
-
-                ids = list(engine)
-                self._orig_update_drafts(DraftTokenIds(ids, [engine[r] for r in ids]))
-            self._decide_s += time.perf_counter() - t0
-            return
         from vllm.v1.outputs import DraftTokenIds
 
-        self._decide_s += time.perf_counter() - t0
-        if req_ids:
-            self._orig_update_drafts(DraftTokenIds(req_ids, drafts))
+        if self._calib is not None:
+            ids, drafts = self._calib.drafts(
+                [r for r in self.scheduler.running if not r.is_prefill_chunk]
+            )
+            if ids:
+                self._orig_update_drafts(DraftTokenIds(ids, drafts))
+            return
 
-    def _decide(self, engine: dict[str, list[int]]) -> tuple[list[str], list[list[int]]]:
+        try:
+            dec = self._decide(engine)
+        except Exception as e:
+            self.driver.fault("decide", e)
+            self.driver.clear_decision()
+            if engine:
+                ids = list(engine)
+                self._orig_update_drafts(DraftTokenIds(ids, [engine[r] for r in ids]))
+            self._decide_s = time.perf_counter() - t0
+            return
+        self._decide_s = time.perf_counter() - t0
+        if dec.req_ids:
+            self._orig_update_drafts(DraftTokenIds(dec.req_ids, dec.drafts))
+
+    def _decide(self, engine: dict[str, list[int]]) -> DriverDecision:
         sched = self.scheduler
-        views: list[RequestView] = []
-        live: list[Any] = []
-        preqs: list[ProposalRequest] = []
+        live: list[LiveRequest] = []
         for r in sched.running:
-            rid = r.request_id
-            toks = self._tokens.get(rid)
-            if toks is None or r.is_finished() or r.is_prefill_chunk:
+            if r.is_finished() or r.is_prefill_chunk:
                 continue
             remaining = min(r.max_tokens - r.num_output_tokens, self.max_model_len - r.num_tokens)
-            if self.proposers:
-                from adaptive_spec.proposers.base import ProposalRequest
-
-                last = self._last.get(rid)
-                preqs.append(
-                    ProposalRequest(
-                        req_id=rid,
-                        token_ids=toks.view(),
-                        max_new_tokens=int(remaining),
-                        vocab_size=self.vocab_size,
-                        last_draft=last[0] if last is not None else None,
-                        last_target_argmax=last[1] if last is not None else None,
-                        last_accepted=last[2] if last is not None else 0,
-                    )
-                )
-            live.append(r)
             sp = r.sampling_params
-            views.append(
-                RequestView(
-                    req_id=rid,
-                    num_output_tokens=r.num_output_tokens,
-                    max_new_tokens=int(remaining),
-                    temperature=float(getattr(sp, "temperature", 0.0) or 0.0),
+            live.append(
+                LiveRequest(
+                    r.request_id,
+                    r.num_output_tokens,
+                    int(remaining),
+                    float(getattr(sp, "temperature", 0.0) or 0.0),
                 )
             )
-        if not views:
-            return [], []
-        ks = [self.max_k] * len(preqs)
-        for name, prop in self.proposers.items():
-            out = prop.propose(preqs, ks)
-            for v, pr, d in zip(views, preqs, out, strict=True):
-                v.drafts[name] = np.asarray(d, dtype=np.int64)
-                v.match_lengths[name] = int(prop.match_length(pr)) if len(d) else 0
-        if self.drafter_family:
-            for v in views:
-                d = engine.get(v.req_id)
+        external: dict[str, dict[str, list[int]]] = {}
+        if self.drafter_family and engine:
+            for rid, d in engine.items():
                 if d:
-                    src = self._drafts_source(v.req_id)
-                    if src in self.drafter_family:
-                        v.drafts[src] = np.asarray(d[: self.max_k], dtype=np.int64)
-        decision = self.policy.decide(
-            StepView(views, batch_size=len(sched.running), queue_len=len(sched.waiting))
+                    external.setdefault(self._drafts_source(rid), {})[rid] = d
+        dec = self.driver.decide(
+            live,
+            batch_size=len(sched.running),
+            queue_len=len(sched.waiting),
+            external_drafts=external,
         )
-        req_ids: list[str] = []
-        drafts: list[list[int]] = []
-        for v, arm, prop, feats in zip(
-            views, decision.arms, decision.propensities, decision.features, strict=True
-        ):
-            k = arm.k
-            d = v.drafts.get(arm.proposer) if k > 0 else None
-            chosen = [] if d is None else [int(t) for t in d[:k]]
-            if not chosen:
-                arm = NO_SPEC
-            cf = (
-                {p: [int(t) for t in dd] for p, dd in v.drafts.items()}
-                if self.tracer is not None
-                else {}
-            )
-            self._chosen[v.req_id] = (arm, prop, feats, cf)
-            req_ids.append(v.req_id)
-            drafts.append(chosen)
-            if self.lora is not None:
-                self._set_next_drafter(v.req_id, arm)
-        return req_ids, drafts
+        if self.lora is not None:
+            for rid, arm in zip(dec.req_ids, dec.arms, strict=True):
+                self._set_next_drafter(rid, arm)
+        return dec
 
     def _drafts_source(self, rid: str) -> str:
         """The proposer whose drafts the engine's drafter made for ``rid`` this step."""
@@ -795,11 +741,18 @@ class AdaptiveSpec:
     def stats(self) -> dict[str, Any]:
         """Per arm, per proposer and per category: request-steps, drafted, accepted, acceptance rate, mean
         accepted length (tokens committed per verification) and attributed goodput (tokens/s); plus step
-        totals, controller overhead and faults. Definitions: :mod:`adaptive_spec.metrics`."""
+        totals, controller overhead, faults and (for the adaptive controller) the safety rule's
+        standing against its baseline. Definitions: :mod:`adaptive_spec.metrics`."""
         d = self.metrics.as_dict()
         d["policy"] = self.policy.name
         d["max_k"] = self.max_k
-        d["tracked_requests"] = len(self._tokens)
+        d["tracked_requests"] = self.driver.num_tracked()
+        ctrl = getattr(self.policy, "stats", None)
+        if callable(ctrl):
+            try:
+                d["controller"] = ctrl()
+            except Exception as e:
+                d["controller"] = {"error": f"{type(e).__name__}: {e}"}
         return d
 
     def save_state(self, path: str | Path | None = None) -> Path | None:
@@ -811,3 +764,19 @@ class AdaptiveSpec:
             return None
         save_policy_state(self.policy, target)
         return target
+
+
+def _read_table(path: Any) -> Any:
+    """A cost table from a JSON file (``adaptive-spec calibrate --out``)."""
+    import json
+
+    from adaptive_spec.cost_table import StepCostTable
+
+    p = Path(path)
+    try:
+        return StepCostTable.from_dict(json.loads(p.read_text(encoding="utf-8")))
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"cost_table={str(p)!r} cannot be read ({e}); fix: give a file written by "
+            "`adaptive-spec calibrate --out`"
+        ) from None

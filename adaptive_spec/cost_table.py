@@ -1,0 +1,348 @@
+"""Measured step-cost table: engine step time over batch size x draft tokens verified.
+
+The controller never fits step time freely: an online least-squares fit on
+``[1, batch, draft tokens, prefill tokens, speculating requests]`` is ill-conditioned on real traffic
+(the batch size barely moves within a run and the number of speculating requests follows the draft
+tokens), and once drove the per-token price to zero or to thousands of tokens. Instead the cost is a
+**table** measured on the engine itself (:mod:`adaptive_spec.vllm.calibrate`; the embedded default
+ships one), the approach of vLLM's DSpark adaptive verification (profiled tables, forced monotone):
+
+* rows: batch sizes ``B`` (requests in the step); columns: draft tokens verified in the step ``V``
+  (summed over the batch). Column ``V = 0`` is a step with no speculation, so the jump from ``V = 0``
+  to ``V = 1`` is the fixed cost of speculating at all in a step (the rejection sampler, the
+  speculative metadata, multi-token attention), which a per-token price cannot express;
+* each cell is the median of its measurements; unmeasured cells are interpolated (linearly in ``V``
+  within a row, in ``B`` across rows) and extrapolated with the last measured slope;
+* the table is made monotone non-decreasing in ``V`` (weighted isotonic regression per row,
+  :func:`scipy.optimize.isotonic_regression`) and then in ``B`` (a running maximum, which keeps the
+  rows monotone): more work never costs less, so noise cannot invent free draft tokens.
+
+Prediction between grid points is linear in ``V`` (integer ``V``, so ``0 -> 1`` is the step, never
+interpolated) and in ``B``; beyond the last grid point it extends the last segment's slope.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import isotonic_regression
+
+#: Default grid of batch sizes (rows) and draft tokens verified per step (columns).
+BATCH_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024)
+TOKEN_GRID = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048)
+FORMAT = "adaptive-spec-cost-table"
+VERSION = 1
+
+
+def _check_grid(values: Any, name: str, first: int) -> np.ndarray:
+    arr = np.asarray(values)
+    if (
+        arr.ndim != 1
+        or arr.size < 2
+        or arr.dtype.kind not in "iu"
+        or int(arr[0]) != first
+        or (np.diff(arr) <= 0).any()
+    ):
+        raise ValueError(
+            f"{name}={values!r} is invalid; allowed: strictly increasing integers starting at {first}"
+        )
+    return arr.astype(np.int64)
+
+
+def _fill_row(x: np.ndarray, y: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Fill unknown entries of ``y`` (over grid ``x``) by linear interpolation between known ones and
+    extrapolation with the nearest segment's slope (clipped at >= 0; constant with one known)."""
+    if known.all():
+        return y.copy()
+    xs, ys = x[known].astype(float), y[known]
+    if xs.size == 1:
+        return np.full_like(y, ys[0])
+    out = np.interp(x.astype(float), xs, ys)
+    lo_slope = max((ys[1] - ys[0]) / (xs[1] - xs[0]), 0.0)
+    hi_slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
+    below, above = x < xs[0], x > xs[-1]
+    out[below] = ys[0] - lo_slope * (xs[0] - x[below])
+    out[above] = ys[-1] + hi_slope * (x[above] - xs[-1])
+    return np.maximum(out, 1e-9)
+
+
+def make_monotone(
+    seconds: np.ndarray, weights: np.ndarray | None = None, rows: Any = None
+) -> np.ndarray:
+    """Project a [n_batch, n_tokens] table onto tables non-decreasing in both axes: weighted isotonic
+    regression along tokens per row (only ``rows`` when given: the others are already monotone), then
+    a running maximum along batch sizes (which keeps each row monotone)."""
+    t = np.array(seconds, dtype=float)
+    w = np.ones_like(t) if weights is None else np.maximum(np.asarray(weights, dtype=float), 1e-3)
+    for i in range(t.shape[0]) if rows is None else rows:
+        t[i] = isotonic_regression(t[i], weights=w[i], increasing=True).x
+    return np.maximum.accumulate(t, axis=0)
+
+
+@dataclass(slots=True)
+class StepCostTable:
+    """Step time (seconds) over batch size x draft tokens verified, monotone in both.
+
+    Parameters
+    ----------
+    batch_sizes : array of int64, shape [nb]
+        Row grid, strictly increasing, starting at 1.
+    draft_tokens : array of int64, shape [nv]
+        Column grid, strictly increasing, starting at 0 (0 = no speculation in the step).
+    seconds : array of float64, shape [nb, nv]
+        Step time per cell; made monotone at construction (finite, > 0 required).
+    counts : array of float64, shape [nb, nv], optional
+        Measurements behind each cell (0: interpolated); weights of the monotone projection.
+    prefill_s_per_token : float >= 0
+        Extra seconds per prompt token computed in a step (for replay and reporting; decisions ignore it).
+    key : dict
+        What the table was measured on (model, dtype, threads, device, vllm); :meth:`matches` compares it.
+    source : str
+        Where it came from (``calibrated``, ``shipped``, ``prior``, ``learned``).
+
+    Raises
+    ------
+    ValueError
+        For a bad grid or a table of the wrong shape or with a non-finite or non-positive entry.
+
+    Examples
+    --------
+    >>> tab = StepCostTable.from_samples([4, 4, 4], [0, 1, 8], [0.020, 0.021, 0.0235])
+    >>> [round(1e3 * float(t), 2) for t in tab.curve(4, 8)[[0, 1, 4, 8]]]
+    [20.0, 21.0, 22.07, 23.5]
+    """
+
+    batch_sizes: np.ndarray
+    draft_tokens: np.ndarray
+    seconds: np.ndarray
+    counts: np.ndarray | None = None
+    prefill_s_per_token: float = 0.0
+    key: dict[str, Any] = field(default_factory=dict)
+    source: str = "measured"
+    _curves: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.batch_sizes = _check_grid(self.batch_sizes, "batch_sizes", 1)
+        self.draft_tokens = _check_grid(self.draft_tokens, "draft_tokens", 0)
+        t = np.asarray(self.seconds, dtype=float)
+        shape = (self.batch_sizes.size, self.draft_tokens.size)
+        if t.shape != shape or not np.isfinite(t).all() or (t <= 0).any():
+            raise ValueError(
+                f"seconds has shape {t.shape} or non-finite / non-positive entries; "
+                f"allowed: finite step times > 0 of shape {shape}"
+            )
+        c = np.zeros(shape) if self.counts is None else np.asarray(self.counts, dtype=float)
+        if c.shape != shape or not np.isfinite(c).all() or (c < 0).any():
+            raise ValueError(f"counts must be finite, >= 0, of shape {shape}")
+        if not (math.isfinite(self.prefill_s_per_token) and self.prefill_s_per_token >= 0):
+            raise ValueError(
+                f"prefill_s_per_token={self.prefill_s_per_token!r} is invalid; allowed: a finite number >= 0"
+            )
+        self.counts = c
+        monotone = (np.diff(t, axis=1) >= 0).all() and (np.diff(t, axis=0) >= 0).all()
+        self.seconds = t if monotone else make_monotone(t, c + 1.0)
+        self._curves = {}
+
+    # -- construction -----------------------------------------------------------------------------
+    @classmethod
+    def from_samples(
+        cls,
+        batch_size: Any,
+        draft_tokens: Any,
+        step_time_s: Any,
+        *,
+        batch_grid: Any = None,
+        token_grid: Any = None,
+        **kwargs: Any,
+    ) -> StepCostTable:
+        """Build a table from measured steps (each ``(B, V, seconds)``): a cell's value is the median
+        of the steps nearest to it (B and V rounded to the nearest grid point on a log scale), empty
+        cells filled as the module docstring says.
+
+        Raises
+        ------
+        ValueError
+            With no valid sample, or arrays of different lengths.
+        """
+        B = np.asarray(batch_size, dtype=float).reshape(-1)
+        V = np.asarray(draft_tokens, dtype=float).reshape(-1)
+        T = np.asarray(step_time_s, dtype=float).reshape(-1)
+        if not (B.size == V.size == T.size):
+            raise ValueError("batch_size, draft_tokens and step_time_s must have the same length")
+        ok = np.isfinite(B) & np.isfinite(V) & np.isfinite(T) & (B >= 1) & (V >= 0) & (T > 0)
+        if not ok.any():
+            raise ValueError(
+                "no valid step (B >= 1, V >= 0, finite time > 0) to build a table from"
+            )
+        B, V, T = B[ok], V[ok], T[ok]
+        bg = np.asarray(BATCH_GRID if batch_grid is None else batch_grid, dtype=np.int64)
+        vg = np.asarray(TOKEN_GRID if token_grid is None else token_grid, dtype=np.int64)
+        # Keep the grids to what was measured plus one step beyond (extrapolation covers the rest).
+        bi = nearest_index(bg, B)
+        vi = nearest_index(vg, V)
+        nb, nv = bg.size, vg.size
+        med = np.full((nb, nv), np.nan)
+        cnt = np.zeros((nb, nv))
+        cell = bi * nv + vi
+        for c in np.unique(cell):
+            sel = T[cell == c]
+            med.flat[c] = float(np.median(sel))
+            cnt.flat[c] = sel.size
+        return cls(bg, vg, fill_table(bg, vg, med), counts=cnt, **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepCostTable:
+        """Inverse of :meth:`to_dict`. Raises ValueError for a document that is not a cost table of
+        this version or that has bad fields (nothing is half-built)."""
+        if not isinstance(data, Mapping) or data.get("format") != FORMAT:
+            raise ValueError("not an adaptive-spec cost table (format field missing or different)")
+        if data.get("version") != VERSION:
+            raise ValueError(
+                f"cost table version {data.get('version')!r}; this build reads {VERSION}"
+            )
+        try:
+            return cls(
+                np.asarray(data["batch_sizes"], dtype=np.int64),
+                np.asarray(data["draft_tokens"], dtype=np.int64),
+                np.asarray(data["seconds"], dtype=float),
+                counts=None if data.get("counts") is None else np.asarray(data["counts"], float),
+                prefill_s_per_token=float(data.get("prefill_s_per_token", 0.0)),
+                key=dict(data.get("key") or {}),
+                source=str(data.get("source", "loaded")),
+            )
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"cost table has a missing or malformed field ({e})") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "key": dict(self.key),
+            "source": self.source,
+            "batch_sizes": self.batch_sizes.tolist(),
+            "draft_tokens": self.draft_tokens.tolist(),
+            "seconds": np.round(self.seconds, 7).tolist(),
+            "counts": self.counts.tolist() if self.counts is not None else None,
+            "prefill_s_per_token": self.prefill_s_per_token,
+        }
+
+    def copy(self) -> StepCostTable:
+        return StepCostTable(
+            self.batch_sizes.copy(),
+            self.draft_tokens.copy(),
+            self.seconds.copy(),
+            counts=None if self.counts is None else self.counts.copy(),
+            prefill_s_per_token=self.prefill_s_per_token,
+            key=dict(self.key),
+            source=self.source,
+        )
+
+    def scaled(self, factor: float) -> StepCostTable:
+        """The same shape with every cell times ``factor`` (> 0)."""
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"factor={factor!r} is invalid; allowed: a finite number > 0")
+        out = self.copy()
+        out.seconds = out.seconds * factor
+        out.prefill_s_per_token *= factor
+        return out
+
+    # -- prediction -------------------------------------------------------------------------------
+    def row(self, batch_size: float) -> np.ndarray:
+        """Step time at each column of the grid for ``batch_size`` requests, float64 [nv] (linear in B
+        between rows, the last rows' slope beyond the grid)."""
+        bg = self.batch_sizes.astype(float)
+        b = max(float(batch_size), 1.0)
+        if b <= bg[-1]:
+            j = int(np.searchsorted(bg, b, side="left"))
+            if bg[j] == b:
+                return self.seconds[j]
+            w = (b - bg[j - 1]) / (bg[j] - bg[j - 1])
+            return (1 - w) * self.seconds[j - 1] + w * self.seconds[j]
+        slope = (self.seconds[-1] - self.seconds[-2]) / (bg[-1] - bg[-2])
+        return self.seconds[-1] + np.maximum(slope, 0.0) * (b - bg[-1])
+
+    def curve(self, batch_size: int, max_tokens: int) -> np.ndarray:
+        """Step time for ``V = 0..max_tokens`` draft tokens at ``batch_size``: float64 [max_tokens + 1],
+        non-decreasing. Cached per ``(batch_size, max_tokens)`` (the table is immutable)."""
+        key = (int(batch_size), int(max_tokens))
+        c = self._curves.get(key)
+        if c is None:
+            c = self._curve(*key)
+            if len(self._curves) > 512:
+                self._curves.clear()
+            self._curves[key] = c
+        return c
+
+    def _curve(self, batch_size: int, max_tokens: int) -> np.ndarray:
+        r = self.row(batch_size)
+        vg = self.draft_tokens.astype(float)
+        v = np.arange(max(int(max_tokens), 0) + 1, dtype=float)
+        out = np.interp(v, vg, r)
+        beyond = v > vg[-1]
+        if beyond.any():
+            slope = max((r[-1] - r[-2]) / (vg[-1] - vg[-2]), 0.0)
+            out[beyond] = r[-1] + slope * (v[beyond] - vg[-1])
+        return out
+
+    def predict(
+        self, batch_size: float, draft_tokens: Any, prefill_tokens: Any = 0
+    ) -> np.ndarray | float:
+        """Step time (seconds) of a step with ``batch_size`` requests verifying ``draft_tokens`` draft
+        tokens (broadcasts over an array of V) and ``prefill_tokens`` prompt tokens."""
+        v = np.asarray(draft_tokens, dtype=float)
+        r = self.row(batch_size)
+        vg = self.draft_tokens.astype(float)
+        out = np.interp(v, vg, r)
+        slope = max((r[-1] - r[-2]) / (vg[-1] - vg[-2]), 0.0)
+        out = np.where(v > vg[-1], r[-1] + slope * (v - vg[-1]), out)
+        out = out + self.prefill_s_per_token * np.asarray(prefill_tokens, dtype=float)
+        return float(out) if out.ndim == 0 else out
+
+    def speculation_overhead(self, batch_size: float) -> float:
+        """Seconds a step pays to verify its first draft token: ``t(B, 1) - t(B, 0)``."""
+        r = self.row(batch_size)
+        return float(r[1] - r[0])
+
+    def matches(self, key: Mapping[str, Any], fields: tuple[str, ...] = ("model", "dtype")) -> bool:
+        """Whether this table was measured for the same ``fields`` of ``key``."""
+        return all(self.key.get(f) == key.get(f) for f in fields)
+
+
+def nearest_index(grid: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Index of the nearest grid point to each ``x`` on a ``log1p`` scale (int64, same shape)."""
+    lg = np.log1p(grid.astype(float))
+    lx = np.log1p(np.maximum(np.asarray(x, dtype=float), 0.0))
+    j = np.clip(np.searchsorted(lg, lx), 1, grid.size - 1)
+    left = lx - lg[j - 1] <= lg[j] - lx
+    return np.where(left, j - 1, j).astype(np.int64)
+
+
+def fill_table(batch_grid: np.ndarray, token_grid: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Fill the NaN cells of a [nb, nv] table: within each row with a measured cell, along ``V``;
+    then rows without any, along ``B`` column by column (:func:`_fill_row` rules)."""
+    t = np.array(values, dtype=float)
+    known = np.isfinite(t)
+    if not known.any():
+        raise ValueError("the table has no measured cell")
+    rows_known = known.any(axis=1)
+    for i in np.flatnonzero(rows_known):
+        t[i] = _fill_row(token_grid, t[i], known[i])
+    for j in range(t.shape[1]):
+        t[:, j] = _fill_row(batch_grid, t[:, j], rows_known)
+    return t
+
+
+def prior_table(step_s: float = 0.02, *, key: Mapping[str, Any] | None = None) -> StepCostTable:
+    """A generic prior shape for an engine nobody has measured: a decode step of ``step_s`` seconds at
+    batch 1, +3 % per extra request, +5 % to speculate at all and +1.5 % per draft token (a CPU-like,
+    deliberately pessimistic shape; calibration or online corrections replace it)."""
+    bg = np.asarray(BATCH_GRID, dtype=np.int64)
+    vg = np.asarray(TOKEN_GRID, dtype=np.int64)
+    base = step_s * (1.0 + 0.03 * (bg.astype(float) - 1.0))
+    spec = (vg > 0) * 0.05 + 0.015 * vg.astype(float)
+    t = base[:, None] * (1.0 + spec[None, :])
+    return StepCostTable(bg, vg, t, key=dict(key or {}), source="prior")

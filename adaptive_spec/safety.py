@@ -1,0 +1,264 @@
+"""The safety rule: deviate from a baseline only while the run stays within (1 - alpha) of it.
+
+Conservative bandits (Wu et al., "Conservative Bandits", ICML 2016; Kazerouni et al., "Conservative
+Contextual Linear Bandits", NeurIPS 2017) keep a learner's cumulative reward above ``(1 - alpha)``
+times a known baseline's by playing the baseline whenever a lower confidence bound on the learner's
+cumulative reward, including the action it is about to take, would fall below that line. Here the
+reward is goodput, so the constraint is on committed tokens and step time::
+
+    N + n_next  >=  (1 - alpha) * G_b * (T + t_next)
+
+where ``N`` and ``T`` are the tokens the run committed and the time it took (measured, not
+predicted), ``G_b`` is the **baseline's goodput on the same steps**, and ``n_next`` / ``t_next`` are a
+lower bound on the next step's tokens and an upper bound on its time under the controller's
+decision. The slack ``S = N - (1 - alpha) G_b T`` is a budget in tokens: playing the baseline adds
+about ``alpha`` times its tokens to it, a deviation that pays adds more, one that loses spends it.
+
+``G_b`` is not guessed: for a deterministic baseline proposer (n-gram lookup) the baseline's draft at
+every step is known, and what it would have committed follows from the tokens the target committed
+afterwards (the longest common prefix of its draft with them, plus the bonus token): under greedy
+decoding exactly, under sampling unbiasedly (a one-hot draft token is accepted with the probability
+that the target samples it). :class:`BaselineTracker` resolves these counterfactuals a few steps
+later, once the tokens are known. The baseline's time on a step is the measured time plus the cost
+table's difference between its draft tokens and the played ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+class ConservativeGuard:
+    """Budget of a conservative controller against a baseline (see the module docstring).
+
+    Parameters
+    ----------
+    alpha : float in [0, 1)
+        Allowed shortfall: cumulative goodput is kept >= ``(1 - alpha)`` x the baseline's.
+
+    Raises
+    ------
+    ValueError
+        For ``alpha`` outside [0, 1).
+    """
+
+    def __init__(self, alpha: float = 0.02) -> None:
+        if not (isinstance(alpha, int | float) and 0.0 <= alpha < 1.0):
+            raise ValueError(f"alpha={alpha!r} is invalid; allowed: 0 <= alpha < 1")
+        self.alpha = float(alpha)
+        self.tokens = 0.0  # N: committed by the run
+        self.time_s = 0.0  # T: measured
+        self.base_tokens = 0.0  # baseline tokens on resolved steps
+        self.base_time_s = 0.0  # baseline time on the same resolved steps
+        self.run_tokens_resolved = 0.0  # the run's tokens on those resolved steps
+        self.run_time_resolved = 0.0
+        self.deviations = 0
+        self.refusals = 0
+        self.probes = 0
+
+    def baseline_goodput(self, fallback: float) -> float:
+        """The baseline's goodput on the resolved steps (tokens/s), ``fallback`` before any."""
+        if self.base_time_s > 0 and self.base_tokens > 0:
+            return self.base_tokens / self.base_time_s
+        return fallback
+
+    def slack(self, fallback_goodput: float) -> float:
+        """``S = N - (1 - alpha) G_b T`` in tokens."""
+        return (
+            self.tokens - (1.0 - self.alpha) * self.baseline_goodput(fallback_goodput) * self.time_s
+        )
+
+    def allows(self, tokens_lcb: float, time_ucb: float, fallback_goodput: float) -> bool:
+        """Whether a deviation with at least ``tokens_lcb`` tokens in at most ``time_ucb`` seconds
+        keeps the constraint."""
+        g = self.baseline_goodput(fallback_goodput)
+        ok = self.slack(fallback_goodput) + tokens_lcb - (1.0 - self.alpha) * g * time_ucb >= 0.0
+        if ok:
+            self.deviations += 1
+        else:
+            self.refusals += 1
+        return ok
+
+    def add_step(self, tokens: float, time_s: float) -> None:
+        """Count one measured step of the run."""
+        if math.isfinite(time_s) and time_s > 0:
+            self.tokens += tokens
+            self.time_s += time_s
+
+    def add_resolved(
+        self, base_tokens: float, base_time_s: float, run_tokens: float, run_time_s: float
+    ) -> None:
+        """Count one step whose baseline counterfactual is fully resolved."""
+        if math.isfinite(base_time_s) and base_time_s > 0 and math.isfinite(run_time_s):
+            self.base_tokens += base_tokens
+            self.base_time_s += base_time_s
+            self.run_tokens_resolved += run_tokens
+            self.run_time_resolved += run_time_s
+
+    def ratio(self) -> float | None:
+        """The run's goodput over the baseline's, on the resolved steps (None before any)."""
+        if self.base_tokens <= 0 or self.run_time_resolved <= 0 or self.base_time_s <= 0:
+            return None
+        return (self.run_tokens_resolved / self.run_time_resolved) / (
+            self.base_tokens / self.base_time_s
+        )
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        r = self.ratio()
+        return {
+            "alpha": self.alpha,
+            "goodput_vs_baseline": None if r is None else round(r, 4),
+            "deviations": self.deviations,
+            "refusals": self.refusals,
+            "probes": self.probes,
+            "resolved_run_tokens": round(self.run_tokens_resolved, 1),
+        }
+
+
+class BaselineTracker:
+    """Resolves the baseline's counterfactual tokens per request and step.
+
+    Each decision registers, per request, the baseline's draft (int64, up to ``max_k``) at that
+    request's output position; each observation appends the tokens the request committed. A pending
+    draft is resolved once the committed tokens decide it: at its first mismatch, once ``k + 1``
+    tokens are known (all ``k`` accepted plus the bonus), or when the request finishes (the baseline
+    could not have emitted past the end). A step is resolved when all its requests are.
+
+    Parameters
+    ----------
+    max_k : int
+        Longest baseline draft.
+    history : int
+        Committed tokens remembered per request (must exceed ``max_k + 1``).
+    """
+
+    def __init__(self, max_k: int, history: int = 64) -> None:
+        if history <= max_k + 1:
+            raise ValueError(f"history={history} is invalid; allowed: > max_k + 1 = {max_k + 1}")
+        self.K = max_k
+        self.H = history
+        self.ring = np.zeros((16, history), dtype=np.int64)
+        self.length = np.zeros(16, dtype=np.int64)  # tokens committed per slot (absolute)
+        # Pending drafts.
+        self.p_slot = np.zeros(0, dtype=np.int64)
+        self.p_pos = np.zeros(0, dtype=np.int64)
+        self.p_k = np.zeros(0, dtype=np.int64)
+        self.p_step = np.zeros(0, dtype=np.int64)
+        self.p_draft = np.zeros((0, max_k), dtype=np.int64)
+        # Per step: [baseline tokens so far, unresolved drafts, baseline time, run tokens, run time].
+        self.steps: dict[int, list[float]] = {}
+
+    def ensure(self, n_slots: int) -> None:
+        if n_slots > self.ring.shape[0]:
+            grow = max(n_slots, 2 * self.ring.shape[0])
+            ring = np.zeros((grow, self.H), dtype=np.int64)
+            ring[: self.ring.shape[0]] = self.ring
+            length = np.zeros(grow, dtype=np.int64)
+            length[: self.length.shape[0]] = self.length
+            self.ring, self.length = ring, length
+
+    def reset_slot(self, slot: int, position: int) -> None:
+        """A slot (re)starts at output position ``position``; its pending drafts are dropped."""
+        self.ensure(slot + 1)
+        self.length[slot] = position
+        keep = self.p_slot != slot
+        if not keep.all():
+            for s in np.unique(self.p_step[~keep]):
+                rec = self.steps.get(int(s))
+                if rec is not None:
+                    rec[1] -= int(((self.p_step == s) & ~keep).sum())
+            self._filter(keep)
+
+    def add_drafts(
+        self,
+        step: int,
+        slots: np.ndarray,
+        positions: np.ndarray,
+        drafts: np.ndarray,
+        ks: np.ndarray,
+    ) -> None:
+        """Register the baseline's drafts of one decision: ``drafts`` int64 [n, max_k] (first ``ks``
+        valid), at output ``positions`` of ``slots``."""
+        n = len(slots)
+        self.steps[step] = [0.0, float(n), math.nan, 0.0, math.nan]
+        if n == 0:
+            return
+        self.p_slot = np.concatenate([self.p_slot, slots])
+        self.p_pos = np.concatenate([self.p_pos, positions])
+        self.p_k = np.concatenate([self.p_k, ks])
+        self.p_step = np.concatenate([self.p_step, np.full(n, step, dtype=np.int64)])
+        self.p_draft = np.concatenate([self.p_draft, drafts])
+
+    def set_step_times(
+        self, step: int, base_time_s: float, run_tokens: float, run_time_s: float
+    ) -> None:
+        rec = self.steps.get(step)
+        if rec is not None:
+            rec[2], rec[3], rec[4] = base_time_s, run_tokens, run_time_s
+
+    def commit(self, slots: np.ndarray, tokens: list[np.ndarray]) -> None:
+        """Append committed tokens per slot (vectorised over the flat token list)."""
+        if len(slots) == 0:
+            return
+        lens = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
+        if lens.sum() == 0:
+            return
+        flat = np.concatenate(tokens).astype(np.int64, copy=False)
+        offs = np.repeat(self.length[slots], lens) + (
+            np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens)
+        )
+        self.ring[np.repeat(slots, lens), offs % self.H] = flat
+        self.length[slots] += lens
+
+    def resolve(self, finished: np.ndarray | None = None) -> list[tuple[int, list[float]]]:
+        """Resolve what the committed tokens decide. ``finished``: bool per slot (those requests
+        emit nothing more). Returns the steps completed now as ``(step, [baseline tokens, 0,
+        baseline time, run tokens, run time])``."""
+        if self.p_slot.size == 0:
+            return self._complete()
+        K = self.K
+        known = self.length[self.p_slot] - self.p_pos  # tokens known after the draft's position
+        j = np.arange(K)
+        idx = (self.p_pos[:, None] + j[None, :]) % self.H
+        toks = self.ring[self.p_slot[:, None], idx]
+        valid = (j[None, :] < self.p_k[:, None]) & (j[None, :] < known[:, None])
+        eq = (toks == self.p_draft) & valid
+        # matched prefix within the known tokens
+        miss = valid & ~eq
+        first_miss = np.where(miss.any(axis=1), miss.argmax(axis=1), K + 1)
+        matched = np.minimum(np.minimum(first_miss, self.p_k), known)
+        done = (first_miss <= K) | (known >= self.p_k + 1)
+        fin = (
+            finished[self.p_slot]
+            if finished is not None
+            else np.zeros(self.p_slot.size, dtype=bool)
+        )
+        done |= fin
+        if not done.any():
+            return self._complete()
+        emitted = np.minimum(matched + 1, np.maximum(known, 1))
+        for s, e in zip(self.p_step[done].tolist(), emitted[done].tolist(), strict=True):
+            rec = self.steps.get(s)
+            if rec is not None:
+                rec[0] += e
+                rec[1] -= 1
+        self._filter(~done)
+        return self._complete()
+
+    def _filter(self, keep: np.ndarray) -> None:
+        self.p_slot, self.p_pos, self.p_k = self.p_slot[keep], self.p_pos[keep], self.p_k[keep]
+        self.p_step, self.p_draft = self.p_step[keep], self.p_draft[keep]
+
+    def _complete(self) -> list[tuple[int, list[float]]]:
+        out = []
+        for s in [s for s, r in self.steps.items() if r[1] <= 0 and not math.isnan(r[2])]:
+            out.append((s, self.steps.pop(s)))
+        if len(self.steps) > 4096:  # steps whose times never came (a bug or a dropped step)
+            for s in sorted(self.steps)[:-1024]:
+                self.steps.pop(s)
+        return out
+
+    def pending(self) -> int:
+        return int(self.p_slot.size)

@@ -1,0 +1,208 @@
+"""Measuring an engine's step-cost table with dummy steps, when the controller attaches.
+
+:func:`calibrate` (called by :meth:`AdaptiveSpec.calibrate <adaptive_spec.vllm.attach.AdaptiveSpec.calibrate>`)
+feeds the engine core batches of dummy requests (random prompt tokens, ``ignore_eos``) and, at every
+decode step, makes them verify a planned number of draft tokens: junk drafts, which the target rejects,
+so each step commits one token per request and the plan stays on schedule. For each batch size ``B``
+of the plan the draft tokens per step cycle through ``V = 0, 1, 2, 4, 8, ...`` up to ``B * max_k``,
+``repeats`` times, interleaved (so a drift in machine speed spreads over every ``V``); each step is
+timed exactly as in normal operation (from one ``update_from_output`` to the next), and the table is
+built from the medians (:meth:`StepCostTable.from_samples`). The requests are then aborted and the
+engine is exactly as before; nothing is learned by the controller from them.
+
+This is the approach of vLLM's DSpark adaptive verification (profiled tables at startup, forced
+monotone). On the embedded default (2 CPU cores) it takes about 10-20 seconds; skip it with
+``AdaptiveSpec(calibrate=False)`` or give a table (``cost_table=``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from adaptive_spec.cost_table import StepCostTable
+
+logger = logging.getLogger(__name__)
+
+CALIBRATION_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def plan_tokens(batch_size: int, max_k: int) -> list[int]:
+    """Draft tokens per step to measure at ``batch_size``: 0, 1, 2, 4, ... up to ``batch_size * max_k``
+    (and that maximum itself)."""
+    top = batch_size * max_k
+    vs = [0]
+    v = 1
+    while v < top:
+        vs.append(v)
+        v *= 2
+    vs.append(top)
+    return vs
+
+
+def plan_batches(max_num_seqs: int, limit: int = 64) -> list[int]:
+    """Batch sizes to measure: powers of two up to ``min(max_num_seqs, limit)``, plus that maximum."""
+    top = max(1, min(max_num_seqs, limit))
+    out = [b for b in CALIBRATION_BATCHES if b <= top]
+    if top not in out:
+        out.append(top)
+    return out
+
+
+@dataclass
+class Calibration:
+    """The plan and the samples of one calibration run (used by the AdaptiveSpec hooks)."""
+
+    max_k: int
+    vocab_size: int
+    plan: list[int] = field(default_factory=list)  # V per decode step of the current batch
+    step: int = 0
+    batch_size: int = 0
+    samples: list[tuple[int, int, int, float]] = field(default_factory=list)  # (B, V, prefill, s)
+    req_ids: set[str] = field(default_factory=set)
+
+    def drafts(self, live: list[Any]) -> tuple[list[str], list[list[int]]]:
+        """Junk drafts for the live calibration requests: the planned V spread evenly over them."""
+        live = [r for r in live if r.request_id in self.req_ids]
+        if not live:
+            return [], []
+        v = self.plan[self.step % len(self.plan)] if self.plan else 0
+        self.step += 1
+        n = len(live)
+        base, extra = divmod(min(v, n * self.max_k), n)
+        ids, out = [], []
+        for i, r in enumerate(live):
+            k = min(self.max_k, base + (1 if i < extra else 0))
+            last = int(r.all_token_ids[-1]) if r.num_tokens else 0
+            # Tokens the target will not predict: a fixed offset from the last one.
+            out.append([(last + 7919 * (j + 1)) % self.vocab_size for j in range(k)])
+            ids.append(r.request_id)
+        return ids, out
+
+    def record(self, batch_size: int, verified: int, prefill: int, step_time_s: float) -> None:
+        if np.isfinite(step_time_s) and step_time_s > 0:
+            self.samples.append((batch_size, verified, prefill, step_time_s))
+
+
+def _request(rid: str, prompt: list[int], max_tokens: int) -> Any:
+    from vllm import SamplingParams
+    from vllm.v1.engine import EngineCoreRequest
+
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    return EngineCoreRequest(
+        request_id=rid,
+        prompt_token_ids=prompt,
+        mm_features=None,
+        sampling_params=sp,
+        pooling_params=None,
+        arrival_time=time.time(),
+        lora_request=None,
+        cache_salt=None,
+        data_parallel_rank=None,
+    )
+
+
+def calibrate(
+    spec: Any,
+    *,
+    batch_sizes: list[int] | None = None,
+    repeats: int = 5,
+    prompt_len: int = 32,
+    seed: int = 0,
+    key: dict[str, Any] | None = None,
+) -> StepCostTable:
+    """Measure ``spec``'s engine step-cost table (see the module docstring).
+
+    Parameters
+    ----------
+    spec : AdaptiveSpec
+        Attached, with an idle engine (no request running or waiting).
+    batch_sizes : list of int, optional
+        Default :func:`plan_batches` of the engine's ``max_num_seqs``.
+    repeats : int >= 1
+        Measurements per (B, V) cell.
+    prompt_len : int >= 1
+        Dummy prompt length (tokens).
+
+    Raises
+    ------
+    RuntimeError
+        If the engine has requests (calibrate before serving).
+    ValueError
+        For a bad parameter.
+    """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} is invalid; allowed: an integer >= 1")
+    if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
+        raise ValueError(f"prompt_len={prompt_len!r} is invalid; allowed: an integer >= 1")
+    core = spec.core
+    sched = core.scheduler
+    if sched.has_requests():
+        raise RuntimeError(
+            "the engine has requests: calibrate the step-cost table before serving (or pass "
+            "calibrate=False / cost_table=...)"
+        )
+    max_seqs = int(core.vllm_config.scheduler_config.max_num_seqs)
+    if batch_sizes is None:
+        batch_sizes = plan_batches(max_seqs)
+    bad = [b for b in batch_sizes if not isinstance(b, int) or not 1 <= b <= max_seqs]
+    if bad:
+        raise ValueError(
+            f"batch_sizes={batch_sizes!r} is invalid; allowed: integers in 1..{max_seqs}"
+        )
+    rng = np.random.default_rng(seed)
+    cal = Calibration(spec.max_k, spec.vocab_size)
+    t0 = time.perf_counter()
+    spec._calib = cal
+    try:
+        for B in batch_sizes:
+            vs = plan_tokens(B, spec.max_k)
+            cal.plan = [v for _ in range(repeats) for v in vs]
+            cal.step = 0
+            cal.batch_size = B
+            steps = len(cal.plan) + 3
+            ids = [f"adaptive-spec-calibration-{uuid.uuid4().hex[:12]}" for _ in range(B)]
+            cal.req_ids = set(ids)
+            for rid in ids:
+                prompt = [int(t) for t in rng.integers(100, spec.vocab_size - 100, size=prompt_len)]
+                req = core.preprocess_add_request(_request(rid, prompt, steps))
+                core.add_request(*req) if isinstance(req, tuple) else core.add_request(req)
+            guard = 0
+            while sched.has_requests() and cal.step < len(cal.plan) and guard < 10 * steps:
+                _, executed = core.step()
+                core.post_step(executed)
+                guard += 1
+            live = [r for r in ids if r in sched.requests]
+            if live:
+                core.abort_requests(live)
+            while sched.has_requests() and guard < 12 * steps:  # let the aborts through
+                _, executed = core.step()
+                core.post_step(executed)
+                guard += 1
+    finally:
+        spec._calib = None
+        spec._tau_prev = None
+        spec._busy_prev = False
+    arr = np.array(cal.samples, dtype=float).reshape(-1, 4)
+    dec = arr[arr[:, 2] == 0]
+    if dec.shape[0] == 0:
+        raise RuntimeError("calibration measured no decode step")
+    table = StepCostTable.from_samples(
+        dec[:, 0], dec[:, 1], dec[:, 3], key=dict(key or {}), source="calibrated"
+    )
+    pre = arr[arr[:, 2] > 0]
+    if pre.shape[0]:
+        extra = [(t - float(table.predict(b, v))) / p for b, v, p, t in pre]
+        table.prefill_s_per_token = max(float(np.median(extra)), 0.0)
+    logger.info(
+        "adaptive-spec: step-cost table calibrated in %.1f s (%d steps, batch sizes %s)",
+        time.perf_counter() - t0,
+        dec.shape[0],
+        batch_sizes,
+    )
+    return table

@@ -1,0 +1,153 @@
+"""The measured step-cost table and its online model: monotone, robust, repairable, never absorbing."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adaptive_spec.cost_model import StepCostModel
+from adaptive_spec.cost_table import StepCostTable, make_monotone, prior_table
+
+
+def true_cost(b: float, v: np.ndarray | float) -> np.ndarray | float:
+    """A CPU-like step: 20 ms + 1 ms per request, 1 ms to speculate at all, 0.35 ms per draft token."""
+    v = np.asarray(v, dtype=float)
+    return 0.020 + 0.001 * b + 0.001 * (v > 0) + 0.00035 * v
+
+
+def measured_table(noise: float = 0.0, seed: int = 0) -> StepCostTable:
+    rng = np.random.default_rng(seed)
+    B, V, T = [], [], []
+    for b in (1, 2, 4, 8, 16):
+        for v in (0, 1, 2, 4, 8, 16, 32, 64):
+            if v > 8 * b:
+                continue
+            for _ in range(5):
+                B.append(b)
+                V.append(v)
+                T.append(float(true_cost(b, v)) * float(np.exp(rng.normal(0, noise))))
+    return StepCostTable.from_samples(B, V, T, key={"model": "m", "dtype": "bf16"})
+
+
+def test_table_reproduces_measurements_and_the_fixed_cost_of_speculating():
+    tab = measured_table()
+    c = tab.curve(4, 32)
+    assert c[0] == pytest.approx(0.024)
+    assert c[1] - c[0] == pytest.approx(0.001 + 0.00035, rel=1e-6)  # the jump at V = 1
+    assert c[8] == pytest.approx(float(true_cost(4, 8)))
+    assert tab.speculation_overhead(4) == pytest.approx(0.00135, rel=1e-6)
+    # between measured batch sizes: linear in B; beyond the grid: the last slope
+    assert tab.predict(3, 4) == pytest.approx(float(true_cost(3, 4)), rel=1e-6)
+    assert tab.predict(64, 0) == pytest.approx(float(true_cost(64, 0)), rel=1e-6)
+    assert tab.predict(4, 500) > tab.predict(4, 64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    noise=st.floats(0.0, 0.5),
+    seed=st.integers(0, 10_000),
+)
+def test_table_is_monotone_whatever_the_noise(noise, seed):
+    tab = measured_table(noise, seed)
+    assert (np.diff(tab.seconds, axis=1) >= -1e-12).all()
+    assert (np.diff(tab.seconds, axis=0) >= -1e-12).all()
+    for b in (1, 3, 4, 7, 16, 40):
+        assert (np.diff(tab.curve(b, 100)) >= -1e-12).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(0.001, 1.0), min_size=6, max_size=6), st.integers(0, 1000))
+def test_make_monotone_projects_any_table(vals, seed):
+    rng = np.random.default_rng(seed)
+    t = rng.permutation(np.array(vals * 4)).reshape(4, 6)
+    m = make_monotone(t)
+    assert (np.diff(m, axis=0) >= -1e-12).all() and (np.diff(m, axis=1) >= -1e-12).all()
+    # a monotone table is left as it is
+    assert np.allclose(make_monotone(m), m)
+
+
+def test_roundtrip_and_refusals():
+    tab = measured_table(0.1)
+    back = StepCostTable.from_dict(json.loads(json.dumps(tab.to_dict())))
+    assert np.allclose(back.seconds, tab.seconds, rtol=1e-5) and back.key == tab.key
+    assert back.matches({"model": "m", "dtype": "bf16"}) and not back.matches({"model": "x"})
+    with pytest.raises(ValueError, match="not an adaptive-spec cost table"):
+        StepCostTable.from_dict({"format": "other"})
+    bad = tab.to_dict()
+    bad["seconds"][0][0] = -1.0
+    with pytest.raises(ValueError, match="non-positive"):
+        StepCostTable.from_dict(bad)
+    with pytest.raises(ValueError, match="draft_tokens"):
+        StepCostTable([1, 2], [1, 2], np.ones((2, 2)))
+    with pytest.raises(ValueError, match="no valid step"):
+        StepCostTable.from_samples([1], [0], [float("nan")])
+
+
+def test_model_ignores_bad_times_and_prefill_steps():
+    m = StepCostModel(measured_table())
+    assert not m.update(4, 8, float("nan"))
+    assert not m.update(4, 8, -1.0)
+    assert not m.update(4, 8, float("inf"))
+    assert not m.update(0, 8, 0.02)
+    assert m.n_ignored == 4 and m.n_updates == 0
+    before = m.table.seconds.copy()
+    for _ in range(100):  # prefill steps are slow, and say nothing about verification
+        assert m.update(4, 0, 0.2, prefill_tokens=2000)
+    assert m.load == 1.0 and np.array_equal(m.table.seconds, before)
+    assert m.prefill_s_per_token == pytest.approx((0.2 - 0.024) / 2000, rel=0.01)
+
+
+def test_load_factor_tracks_a_noisy_neighbour_within_20_steps_and_ignores_stalls():
+    m = StepCostModel(measured_table())
+    for _ in range(20):
+        m.update(4, 8, 3 * float(true_cost(4, 8)))
+    assert m.load == pytest.approx(3.0, rel=0.15)
+    for _ in range(30):
+        m.update(4, 8, float(true_cost(4, 8)))
+    assert m.load == pytest.approx(1.0, rel=0.05)
+    m.update(4, 8, 1.0)  # a one-second stall moves the load factor by at most a bounded step
+    assert m.load < 1.2
+
+
+def test_a_wrong_table_is_repaired_where_steps_are_observed():
+    """A state claiming 100 ms per draft token: observed steps at V = 0 and V = 4 correct the row."""
+    bogus = StepCostTable.from_samples(
+        [4] * 4, [0, 1, 8, 32], [0.024, 0.124, 0.824, 3.224], key={"model": "m"}
+    )
+    m = StepCostModel(bogus, refresh_every=16)
+    for i in range(400):
+        v = (0, 4)[i % 2]
+        m.update(4, v, float(true_cost(4, v)))
+    pred = m.curve(4, 8)
+    assert pred[4] - pred[0] == pytest.approx(0.001 + 4 * 0.00035, abs=0.002)
+    assert (np.diff(m.table.seconds, axis=1) >= -1e-12).all()
+
+
+def test_prior_table_scales_to_the_first_decode_step():
+    m = StepCostModel()
+    assert m.table.source == "prior"
+    m.update(8, 0, 0.05)
+    assert m.predict(8, 0) == pytest.approx(0.05, rel=1e-6)
+    assert m.predict(8, 16) > m.predict(8, 0)
+
+
+def test_state_roundtrip_restarts_the_load_factor():
+    m = StepCostModel(measured_table())
+    for _ in range(30):
+        m.update(4, 8, 2 * float(true_cost(4, 8)))
+    fresh = StepCostModel()
+    fresh.load_state_dict(json.loads(json.dumps(m.state_dict())))
+    assert fresh.load == 1.0 and np.allclose(fresh.table.seconds, m.table.seconds, rtol=1e-5)
+    with pytest.raises(ValueError, match="no table"):
+        fresh.load_state_dict({})
+
+
+def test_prior_table_shape():
+    t = prior_table(0.02)
+    assert t.speculation_overhead(1) == pytest.approx(0.02 * (0.05 + 0.015), rel=1e-6)
+    assert math.isclose(float(t.predict(1, 10) - t.predict(1, 0)), 0.02 * (0.05 + 0.15))

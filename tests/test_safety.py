@@ -1,0 +1,193 @@
+"""The safety rule in simulation: adversarial regimes never cost more than alpha against the baseline.
+
+Each test replays one synthetic workload (known acceptance processes, :mod:`adaptive_spec.sim.synthetic`)
+twice through the same step driver as the engine: once under the baseline policy alone (an n-gram
+batch-size table), once under the adaptive controller holding that baseline. Time is charged by a true
+cost profile; the controller only knows its (possibly wrong) table. The checks: the controller's
+cumulative goodput stays >= (1 - alpha) x the baseline's at every quarter of the run after warm-up, and
+it recovers from a regime change within 50 steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from adaptive_spec.sim.cost_profiles import CostProfile, TableCostProfile
+from adaptive_spec.sim.replay import replay
+from adaptive_spec.sim.synthetic import (
+    AcceptanceProcess,
+    Regime,
+    RequestSpec,
+    make_requests,
+    stationary,
+)
+
+from adaptive_spec.baselines import BatchSizeTablePolicy
+from adaptive_spec.controller import AdaptiveController
+from adaptive_spec.cost_table import StepCostTable
+from adaptive_spec.safety import BaselineTracker, ConservativeGuard
+
+K = 8
+ALPHA = 0.02
+TABLE = [[1, 2, 8], [3, 8, 4], [9, 64, 2]]
+COPY = Regime("copy", {"ngram": AcceptanceProcess(0.8, offer=0.4)})
+DEAD = Regime("dead", {"ngram": AcceptanceProcess(0.0, offer=0.5)})
+WEAK = Regime("weak", {"ngram": AcceptanceProcess(0.35, offer=0.5)})
+
+
+def cpu_table(token_scale: float = 1.0, scale: float = 1.0) -> StepCostTable:
+    B, V, T = [], [], []
+    for b in (1, 2, 4, 8, 16):
+        for v in (0, 1, 2, 4, 8, 16, 32, 64, 128):
+            B.append(b)
+            V.append(v)
+            T.append(scale * (0.020 + 0.001 * b + 0.001 * (v > 0) + 0.00035 * token_scale * v))
+    return StepCostTable.from_samples(B, V, T)
+
+
+class LoadStep(CostProfile):
+    """The true cost, multiplied by ``factor`` from step ``at`` on (a noisy neighbour arrives)."""
+
+    def __init__(self, base: CostProfile, at: int, factor: float) -> None:
+        self.base, self.at, self.factor, self.n = base, at, factor, 0
+
+    def step_time(self, batch_size, verified_tokens, draft_passes=0, prefill_tokens=0):
+        self.n += 1
+        t = self.base.step_time(batch_size, verified_tokens, draft_passes, prefill_tokens)
+        return t * (self.factor if self.n > self.at else 1.0)
+
+    def minorants(self):
+        return self.base.minorants()
+
+
+def cumulative_time_at(res, fractions) -> list[float]:
+    toks = np.cumsum(res.step_tokens)
+    times = np.cumsum(res.step_time_s)
+    return [float(times[np.searchsorted(toks, f * toks[-1])]) for f in fractions]
+
+
+def run_pair(requests, profile_factory, table, batch=4):
+    base = replay(
+        requests,
+        BatchSizeTablePolicy(["ngram"], K, "ngram", TABLE),
+        profile_factory(),
+        max_batch=batch,
+    )
+    ctrl = AdaptiveController(
+        ["ngram"], K, baseline=f"table:ngram:{_table_text()}", alpha=ALPHA, cost_table=table
+    )
+    res = replay(requests, ctrl, profile_factory(), max_batch=batch)
+    return base, res, ctrl
+
+
+def _table_text() -> str:
+    return ",".join(f"{s}-{e}={k}" for s, e, k in TABLE)
+
+
+def assert_conservative(base, res, warmup_fraction=0.25):
+    """Goodput >= (1 - alpha) x the baseline's at each quarter of the committed tokens."""
+    fr = [warmup_fraction, 0.5, 0.75, 1.0]
+    tb = cumulative_time_at(base, fr)
+    tc = cumulative_time_at(res, fr)
+    for f, a, b in zip(fr, tc, tb, strict=True):
+        assert a <= b / (1 - ALPHA) * 1.005, (
+            f"at {f:.0%} of the tokens: {a:.3f} s vs baseline {b:.3f} s"
+        )
+
+
+def spec_share_after(res, step: int) -> float:
+    rows = [r["arm"] != "none" for s in res.step_arms[step:] for r in s["requests"]]
+    return float(np.mean(rows)) if rows else 0.0
+
+
+def test_acceptance_drops_to_zero_mid_run_and_the_controller_stops_within_50_steps():
+    shift = 120
+    specs = [RequestSpec(480, ((0, COPY), (shift, DEAD)), "shift") for _ in range(4)]
+    reqs = make_requests(specs, K, seed=3)
+    prof = TableCostProfile(cpu_table())
+    base, res, _ = run_pair(reqs, lambda: prof, cpu_table())
+    assert_conservative(base, res)
+    assert res.goodput >= base.goodput  # the baseline keeps drafting into a dead regime
+    # the step at which the requests reached the shift, then 50 steps to stop drafting
+    toks_per_req = np.cumsum(res.step_tokens) / 4
+    change = int(np.searchsorted(toks_per_req, shift))
+    assert change < len(res.step_arms)
+    assert spec_share_after(res, change + 50) <= 0.05, spec_share_after(res, change + 50)
+
+
+def test_load_triples_mid_run():
+    reqs = make_requests(stationary(WEAK, 8, 256), K, seed=4)
+    true = TableCostProfile(cpu_table())
+    base, res, ctrl = run_pair(reqs, lambda: LoadStep(true, 150, 3.0), cpu_table())
+    assert_conservative(base, res)
+    assert ctrl.cost.load == pytest.approx(3.0, rel=0.2)
+
+
+@pytest.mark.parametrize("token_scale,scale", [(2.0, 1.0), (0.5, 2.0), (2.0, 2.0)])
+def test_a_cost_table_2x_off_costs_at_most_alpha(token_scale, scale):
+    reqs = make_requests(stationary(WEAK, 8, 256) + stationary(COPY, 4, 256), K, seed=5)
+    true = TableCostProfile(cpu_table())
+    base, res, _ = run_pair(reqs, lambda: true, cpu_table(token_scale, scale))
+    assert_conservative(base, res)
+
+
+def test_the_live_estimate_of_the_ratio_to_the_baseline_is_right():
+    """The guard's counterfactual goodput ratio matches the two real runs (greedy, exact drafts)."""
+    reqs = make_requests(stationary(COPY, 4, 384) + stationary(WEAK, 4, 384), K, seed=6)
+    prof = TableCostProfile(cpu_table())
+    base, res, ctrl = run_pair(reqs, lambda: prof, cpu_table())
+    est = ctrl.guard.ratio()
+    assert est is not None
+    assert est == pytest.approx(res.goodput / base.goodput, rel=0.05)
+
+
+def test_absorbing_state_speculation_resumes_when_it_pays():
+    """A state that claims a draft token costs 100 ms: cost probes measure the truth and the
+    controller speculates again (its goodput ends far above no speculation)."""
+    bogus = StepCostTable.from_samples(
+        [1, 4, 16] * 3,
+        [0] * 3 + [1] * 3 + [64] * 3,
+        [0.021, 0.024, 0.036, 0.121, 0.124, 0.136, 6.421, 6.424, 6.436],
+    )
+    reqs = make_requests(stationary(COPY, 8, 384), K, seed=7)
+    prof = TableCostProfile(cpu_table())
+    ctrl = AdaptiveController(["ngram"], K, baseline="none", cost_table=bogus)
+    res = replay(reqs, ctrl, prof, max_batch=4)
+    off = replay(reqs, BatchSizeTablePolicy(["ngram"], K, "ngram", [[1, 64, 0]]), prof, max_batch=4)
+    assert res.goodput > 1.2 * off.goodput
+    assert spec_share_after(res, len(res.step_arms) // 2) > 0.2
+
+
+def test_guard_arithmetic():
+    g = ConservativeGuard(0.1)
+    assert g.slack(10.0) == 0.0
+    g.add_step(10, 1.0)
+    g.add_resolved(10, 1.0, 10, 1.0)
+    assert g.baseline_goodput(99.0) == 10.0
+    assert g.slack(99.0) == pytest.approx(1.0)  # 10 - 0.9 * 10 * 1
+    assert g.allows(4, 0.5, 99.0)  # 1 + 4 - 4.5 >= 0
+    assert not g.allows(1, 0.5, 99.0)
+    assert g.ratio() == pytest.approx(1.0)
+    with pytest.raises(ValueError, match=r"alpha=1\.5"):
+        ConservativeGuard(1.5)
+
+
+def test_tracker_resolves_counterfactual_drafts_as_tokens_arrive():
+    t = BaselineTracker(4)
+    t.reset_slot(0, 0)
+    d = np.array([[5, 6, 7, 8]])
+    t.add_drafts(0, np.array([0]), np.array([0]), d, np.array([4]))
+    t.set_step_times(0, 0.02, 1.0, 0.02)
+    t.commit(np.array([0]), [np.array([5])])
+    assert t.resolve() == [] and t.pending() == 1  # one token known, all matching: undecided
+    t.commit(np.array([0]), [np.array([6, 9])])
+    done = t.resolve()
+    assert t.pending() == 0 and done[0][1][0] == 3  # matched 2, then the correction token
+    # a finished request resolves with what was known
+    t.reset_slot(1, 0)
+    t.add_drafts(1, np.array([1]), np.array([0]), d, np.array([4]))
+    t.set_step_times(1, 0.02, 1.0, 0.02)
+    t.commit(np.array([1]), [np.array([5, 6])])
+    fin = np.zeros(t.ring.shape[0], dtype=bool)
+    fin[1] = True
+    assert t.resolve(fin)[0][1][0] == 2
