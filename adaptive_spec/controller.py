@@ -136,6 +136,7 @@ class AdaptiveController(SpecPolicy):
     """
 
     name = "adaptive"
+    wants_jacobi_guess = False  # Jacobi is scored where it has a real iterate (module docstring)
 
     def __init__(
         self,
@@ -190,6 +191,16 @@ class AdaptiveController(SpecPolicy):
         self._pidx = {p: i for i, p in enumerate(self.proposers)}
         self._thresholds = np.array([match_thresholds(p) for p in self.proposers]).reshape(P, 3)
         self._jacobi = self._pidx.get("jacobi", -1)
+        self._prange = np.arange(P)
+        self._jpos = np.arange(max_k)
+        self._jpos1 = self._jpos + 1
+        self._rows_cache = np.arange(64)
+        # Arm objects by (proposer index, k); row -1 (the last) is "none" for every k.
+        self._arm_table = [
+            [NO_SPEC] + [Arm(p, k) for k in range(1, max_k + 1)] for p in self.proposers
+        ]
+        self._arm_table.append([NO_SPEC] * (max_k + 1))
+        self._base_index = self._pidx.get(self._base_proposer, -1) if self._base_proposer else -1
         self._draft_family = np.array([_is_draft_family(p) for p in self.proposers], dtype=bool)
         # Per-request slots.
         self._slot: dict[str, int] = {}
@@ -295,74 +306,88 @@ class AdaptiveController(SpecPolicy):
             self._pending = None
             self.n_steps += 1
             return Decision([NO_SPEC] * N, [1.0] * N, [[] for _ in range(N)])
-        req_ids = [r.req_id for r in reqs]
-        pos = np.fromiter((r.num_output_tokens for r in reqs), dtype=np.int64, count=N)
-        cap = np.clip(
-            np.fromiter((r.max_new_tokens for r in reqs), dtype=np.int64, count=N) - 1, 0, K
+        props = self.proposers
+        # One pass over the requests: scalars, and every offered draft flattened (row-major i, p).
+        req_ids: list[str] = [""] * N
+        pos_l = [0] * N
+        cap_l = [0] * N
+        temp_l = [0] * N
+        dlen = [0] * (N * P)
+        mlen = [0] * (N * P)
+        parts: list[np.ndarray] = []
+        j = 0
+        for i, r in enumerate(reqs):
+            req_ids[i] = r.req_id
+            pos_l[i] = r.num_output_tokens
+            cap_l[i] = r.max_new_tokens
+            temp_l[i] = 1 if r.temperature > 0 else 0
+            dd = r.drafts
+            for p in props:
+                d = dd.get(p)
+                if d is not None:
+                    n = len(d)
+                    if n:
+                        if n > K:
+                            d, n = d[:K], K
+                        dlen[j] = n
+                        parts.append(d)
+                        mlen[j] = r.match_lengths.get(p, 0)
+                j += 1
+        pos = np.array(pos_l, dtype=np.int64)
+        cap = np.minimum(np.maximum(np.array(cap_l, dtype=np.int64) - 1, 0), K)
+        temp = np.array(temp_l, dtype=np.int64)
+        lens = np.array(dlen, dtype=np.int64)
+        drafts = np.full((N * P, K), -1, dtype=np.int64)
+        if parts:
+            total = int(lens.sum())
+            rows_f = np.repeat(np.arange(N * P), lens)
+            cols_f = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
+            drafts[rows_f, cols_f] = np.concatenate(parts)
+        drafts = drafts.reshape(N, P, K)
+        avail = np.minimum(lens.reshape(N, P), cap[:, None])
+        ml = np.array(mlen, dtype=np.int64).reshape(N, P)
+        match = np.minimum(
+            (ml[:, :, None] >= self._thresholds[None, :, :]).sum(axis=2), N_MATCH - 1
         )
-        temp = np.fromiter((r.temperature > 0 for r in reqs), dtype=np.int64, count=N)
         slots = self._slots_for(req_ids, pos)
-        drafts = np.full((N, P, K), -1, dtype=np.int64)
-        avail = np.zeros((N, P), dtype=np.int64)
-        match = np.zeros((N, P), dtype=np.int64)
-        empty = np.zeros(0, dtype=np.int64)
-        for pi, p in enumerate(self.proposers):
-            d, n = _pad_drafts([r.drafts.get(p, empty) for r in reqs], K)
-            drafts[:, pi] = d
-            avail[:, pi] = np.minimum(n, cap)
-            ml = np.fromiter((r.match_lengths.get(p, 0) for r in reqs), dtype=np.int64, count=N)
-            match[:, pi] = (ml[:, None] >= self._thresholds[pi][None, :]).sum(axis=1)
-        match = np.minimum(match, N_MATCH - 1)
         hist = history_bucket(self._hist_rate[slots], self._hist_n[slots])  # [N, P]
-        pidx = np.broadcast_to(np.arange(P), (N, P))
-        tb = np.broadcast_to(temp[:, None], (N, P))
-        cells = self.acceptance.cell(pidx, tb, hist, match)  # [N, P]
+        cells = self.acceptance.cell(self._prange[None, :], temp[:, None], hist, match)  # [N, P]
         alpha = self._alpha_table()[cells]  # [N, P, K]
-        jpos = np.arange(K)
-        offered = jpos[None, None, :] < avail[:, :, None]
-        gains = np.where(offered, np.cumprod(alpha, axis=2), 0.0)  # P(token j accepted)
-        exp_tok = 1.0 + np.cumsum(gains, axis=2)  # E[tokens | c = j + 1 drafts]
+        offered = self._jpos[None, None, :] < avail[:, :, None]
+        gains = np.cumprod(alpha, axis=2)
+        gains[~offered] = 0.0  # P(token j accepted) where offered
         # Proposer per request: max over c of E(c) - lambda * c (c = 0 gives 1).
-        value = exp_tok - self._lam * (jpos + 1)[None, None, :]
-        value = np.where(offered, value, -np.inf)
-        best_c_val = value.max(axis=2)  # [N, P]
-        choice = best_c_val.argmax(axis=1) if P else np.zeros(N, dtype=np.int64)
-        rows = np.arange(N)
-        g = gains[rows, choice] if P else np.zeros((N, K))  # [N, K]
-        g = np.where(jpos[None, :] < avail[rows, choice][:, None], g, -np.inf)
+        value = np.cumsum(gains, axis=2) - self._lam * self._jpos1[None, None, :]
+        value[~offered] = -np.inf
+        choice = value.max(axis=2).argmax(axis=1)
+        rows = self._rows(N)
+        g = gains[rows, choice]  # [N, K]
+        g[~offered[rows, choice]] = -np.inf
         ks, lam, t_curve, v_max = self._allocate(g, view.batch_size, N)
-        # Baseline decision.
-        kb_all = self.baseline_k(view.batch_size)
-        bp = self._pidx.get(self._base_proposer, -1) if self._base_proposer else -1
-        kb = np.minimum(kb_all, avail[:, bp]) if bp >= 0 else np.zeros(N, dtype=np.int64)
+        # The baseline's decision, and the safety rule.
+        B = view.batch_size
+        bp = self._base_index
+        kb = np.minimum(self.baseline_k(B), avail[:, bp]) if bp >= 0 else np.zeros(N, np.int64)
         played_base = False
         probe = False
-        same = np.array_equal(ks, kb) and (bp < 0 or bool((choice[ks > 0] == bp).all()))
+        choice_played = choice
         V = int(ks.sum())
         Vb = int(kb.sum())
-        e_ctrl = N + float(np.where(jpos[None, :] < ks[:, None], g, 0.0).sum())
-        if not same:
-            t_pred = (
-                float(t_curve[V]) if v_max >= V else float(self.cost.predict(view.batch_size, V))
-            )
-            tb_pred = float(self.cost.predict(view.batch_size, Vb))
-            gsel = np.where(jpos[None, :] < ks[:, None], g, 0.0)
-            var = float((gsel * (1 - gsel)).sum())
-            lcb = max(float(N), e_ctrl - 2.0 * math.sqrt(var))
+        if not (np.array_equal(ks, kb) and (bp < 0 or bool((choice[ks > 0] == bp).all()))):
+            t_pred = float(t_curve[V]) if v_max >= V else self.cost.at(B, V)
+            tb_pred = float(t_curve[Vb]) if v_max >= Vb else self.cost.at(B, Vb)
+            gsel = np.where(self._jpos[None, :] < ks[:, None], g, 0.0)
+            e_ctrl = N + float(gsel.sum())
+            lcb = max(float(N), e_ctrl - 2.0 * math.sqrt(float((gsel * (1 - gsel)).sum())))
             ucb_t = t_pred * math.exp(2.0 * self.cost.abs_log_residual)
-            e_base = N + float(
-                np.where(jpos[None, :] < kb[:, None], gains[:, bp] if bp >= 0 else 0.0, 0.0).sum()
-            )
-            fallback = e_base / max(tb_pred, 1e-9)
-            if not self.guard.allows(lcb, ucb_t, fallback):
+            e_base = N
+            if bp >= 0:
+                e_base += float(gains[:, bp][self._jpos[None, :] < kb[:, None]].sum())
+            if not self.guard.allows(lcb, ucb_t, e_base / max(tb_pred, 1e-9)):
                 ks, choice_played, played_base = kb, np.full(N, bp), True
-            else:
-                choice_played = choice
-        else:
-            choice_played = choice
         # Cost probes: the table is only corrected where steps are observed, so neither side of the
-        # speculate / do-not-speculate boundary may go unmeasured for long.
-        # The interval starts at 8 steps and doubles after each probe up to probe_every.
+        # speculate / do-not-speculate boundary may go unmeasured for long; the interval starts at
+        # 8 steps and doubles after each probe up to probe_every.
         V = int(ks.sum())
         if V == 0:
             self._steps_without_spec += 1
@@ -376,70 +401,70 @@ class AdaptiveController(SpecPolicy):
             self._steps_without_spec = 0
             if self._steps_with_spec >= self._probe_gap[1]:
                 self._steps_with_spec = 0
-                if not self.cost.trusted(view.batch_size, 0):
+                if not self.cost.trusted(B, 0):
                     ks, probe = np.zeros(N, dtype=np.int64), True
                     self._probe_gap[1] = min(2 * self._probe_gap[1], self.probe_every)
         if probe:
             self.guard.probes += 1
         self._lam = lam
-        # Arms.
-        arms: list[Arm] = []
-        props = self.proposers
-        kl = ks.tolist()
-        cl = choice_played.tolist()
-        for k, c in zip(kl, cl, strict=True):
-            arms.append(NO_SPEC if k == 0 or c < 0 else Arm(props[c], k))
+        table = self._arm_table
+        arms: list[Arm] = [
+            table[c][k] for c, k in zip(choice_played.tolist(), ks.tolist(), strict=True)
+        ]
         propensities: list[float | None] = [None if self.exploration == "thompson" else 1.0] * N
         if self.exploration == "eps-greedy":
             arms, propensities = self._eps_greedy(arms, avail)
         # Which requests the engine should record target argmax rows for (Jacobi's next draft).
         argmax_wanted = None
         if self._jacobi >= 0:
-            j = self._jacobi
-            self._jacobi_active = bool((gains[:, j, 0] >= max(lam, 1e-9)).any())
-            if self._jacobi_active:
-                argmax_wanted = [True] * N
-            else:
-                shadow = (slots + self.n_steps) % self.shadow_every == 0
-                argmax_wanted = shadow.tolist()
-        feats: list[list[float]] = []
+            self._jacobi_active = bool((gains[:, self._jacobi, 0] >= max(lam, 1e-9)).any())
+            if not self._jacobi_active:
+                argmax_wanted = ((slots + self.n_steps) % self.shadow_every == 0).tolist()
         if self.log_features:
-            exp_played = np.where(jpos[None, :] < ks[:, None], g, 0.0).sum(axis=1) + 1.0
+            exp_played = np.where(self._jpos[None, :] < ks[:, None], g, 0.0).sum(axis=1) + 1.0
             cp = np.where(choice_played >= 0, choice_played, choice)
-            for i in range(N):
-                feats.append(
-                    [
-                        float(temp[i]),
-                        float(hist[i, cp[i]]) if P else 0.0,
-                        float(match[i, cp[i]]) if P else 0.0,
-                        round(float(exp_played[i]), 4),
-                        1.0 if played_base else 0.0,
-                    ]
-                )
+            hb, mb = hist[rows, cp].tolist(), match[rows, cp].tolist()
+            flag = 1.0 if played_base else 0.0
+            feats = [
+                [float(temp_l[i]), float(hb[i]), float(mb[i]), round(float(e), 4), flag]
+                for i, e in enumerate(exp_played.tolist())
+            ]
         else:
-            feats = [[] for _ in range(N)]
-        # Baseline counterfactual for the safety rule.
+            feats = [[]] * N
+        # Baseline counterfactual for the safety rule: only rows that played something else.
+        differ = ks != kb
         if bp >= 0:
-            bdraft = np.where(jpos[None, :] < kb[:, None], drafts[:, bp], -1)
+            differ |= (ks > 0) & (choice_played != bp)
+        if differ.any():
+            idx = np.flatnonzero(differ)
+            if bp >= 0:
+                bd = np.where(self._jpos[None, :] < kb[idx, None], drafts[idx, bp], -1)
+            else:
+                bd = np.full((idx.size, K), -1, dtype=np.int64)
+            self.tracker.add_drafts(self.n_steps, slots[idx], pos[idx], bd, kb[idx])
         else:
-            bdraft = np.full((N, K), -1, dtype=np.int64)
-        self.tracker.add_drafts(self.n_steps, slots, pos, bdraft, kb)
+            self.tracker.add_drafts(self.n_steps, slots[:0], pos[:0], drafts[:0, 0], kb[:0])
         self._pending = {
             "step": self.n_steps,
-            "req_ids": req_ids,
-            "index": {rid: i for i, rid in enumerate(req_ids)},
+            "index": dict(zip(req_ids, range(N), strict=True)),
             "slots": slots,
             "drafts": drafts,
             "avail": avail,
             "temp": temp,
             "hist": hist,
             "match": match,
-            "batch_size": view.batch_size,
+            "batch_size": B,
             "Vb": Vb,
+            "same": ~differ,
         }
         self.n_steps += 1
         info = {"played_baseline": played_base, "probe": probe, "lambda": round(lam, 4)}
         return Decision(arms, propensities, feats, argmax_wanted, info)
+
+    def _rows(self, n: int) -> np.ndarray:
+        if self._rows_cache.shape[0] < n:
+            self._rows_cache = np.arange(max(n, 2 * self._rows_cache.shape[0]))
+        return self._rows_cache[:n]
 
     def _allocate(
         self, g: np.ndarray, batch_size: int, N: int
@@ -510,31 +535,49 @@ class AdaptiveController(SpecPolicy):
             self._finish_released(outcome)
             return
         index = pend["index"]
-        seen = [(index[o.req_id], o) for o in outcome.requests if o.req_id in index]
+        rows_l: list[int] = []
+        elens: list[int] = []
+        flat: list[int] = []
+        finished: list[int] = []
+        for o in outcome.requests:
+            i = index.get(o.req_id)
+            if i is None:
+                continue
+            em = o.emitted_token_ids
+            rows_l.append(i)
+            elens.append(len(em))
+            flat.extend(em)
+            if o.finished:
+                finished.append(i)
+        run_tokens = float(len(flat))
         # The safety rule compares the decided requests' tokens with the baseline's on them.
-        self.guard.add_step(float(sum(len(o.emitted_token_ids) for _, o in seen)), t)
-        if seen:
-            rows = np.fromiter((i for i, _ in seen), dtype=np.int64, count=len(seen))
-            emitted = [np.asarray(o.emitted_token_ids, dtype=np.int64) for _, o in seen]
-            self._learn(pend, rows, emitted)
+        self.guard.add_step(run_tokens, t)
+        if rows_l:
+            rows = np.array(rows_l, dtype=np.int64)
+            lens = np.array(elens, dtype=np.int64)
+            tok = np.array(flat, dtype=np.int64)
+            self._learn(pend, rows, lens, tok)
             slots = pend["slots"][rows]
-            self.tracker.commit(slots, emitted)
+            same = pend["same"][rows]
+            base_same = float(lens[same].sum())  # rows that played the baseline's arm
+            diff = ~same
+            if diff.any():
+                keep = np.repeat(diff, lens)
+                self.tracker.commit_flat(slots[diff], lens[diff], tok[keep])
+        else:
+            base_same = 0.0
         # The step's time under the baseline: measured + the table's difference.
         if math.isfinite(t) and t > 0:
             B = pend["batch_size"]
-            diff = self.cost.predict(B, pend["Vb"]) - self.cost.predict(
-                B, outcome.num_verified_tokens
-            )
-            run_tokens = float(sum(len(o.emitted_token_ids) for _, o in seen))
-            self.tracker.set_step_times(pend["step"], max(t + diff, 1e-9), run_tokens, t)
-        finished = np.zeros(self.tracker.ring.shape[0], dtype=bool)
-        for o in outcome.requests:
-            s = self._slot.get(o.req_id)
-            if o.finished and s is not None:
-                finished[s] = True
-        for _, rec in self.tracker.resolve(finished if finished.any() else None):
-            base_tokens, _, base_time, run_tokens, run_time = rec
-            self.guard.add_resolved(base_tokens, base_time, run_tokens, run_time)
+            dt = self.cost.at(B, pend["Vb"]) - self.cost.at(B, outcome.num_verified_tokens)
+            self.tracker.set_step_times(pend["step"], max(t + dt, 1e-9), run_tokens, t, base_same)
+        fin = None
+        if finished:
+            fin = np.zeros(self.tracker.ring.shape[0], dtype=bool)
+            fin[pend["slots"][np.array(finished, dtype=np.int64)]] = True
+        for _, rec in self.tracker.resolve(fin):
+            base_tokens, _, base_time, r_tokens, r_time = rec
+            self.guard.add_resolved(base_tokens, base_time, r_tokens, r_time)
         self._finish_released(outcome)
 
     def _finish_released(self, outcome: StepOutcome) -> None:
@@ -542,20 +585,23 @@ class AdaptiveController(SpecPolicy):
             if o.finished:
                 self.release(o.req_id)
 
-    def _learn(self, pend: dict[str, Any], rows: np.ndarray, emitted: list[np.ndarray]) -> None:
+    def _learn(
+        self, pend: dict[str, Any], rows: np.ndarray, lens: np.ndarray, tok: np.ndarray
+    ) -> None:
         """Censored per-position labels of every offered draft against the committed tokens."""
         K = self.max_k
-        P = len(self.proposers)
-        if P == 0:
-            return
-        em, elen = _pad_drafts(emitted, K + 1)
+        n = rows.shape[0]
+        em = np.full((n, K), -2, dtype=np.int64)
+        m = np.minimum(lens, K)
+        if tok.size:
+            starts = np.cumsum(lens) - lens
+            r = np.repeat(np.arange(n), m)
+            c = np.arange(int(m.sum())) - np.repeat(np.cumsum(m) - m, m)
+            em[r, c] = tok[np.repeat(starts, m) + c]
         drafts = pend["drafts"][rows]  # [n, P, K]
         avail = pend["avail"][rows]  # [n, P]
-        known = np.minimum(avail, elen[:, None])  # positions judged
-        j = np.arange(K)
-        eq = drafts == em[:, None, :K]
-        valid = j[None, None, :] < known[:, :, None]
-        miss = valid & ~eq
+        known = np.minimum(avail, lens[:, None])  # positions judged
+        miss = (drafts != em[:, None, :]) & (self._jpos[None, None, :] < known[:, :, None])
         first_miss = np.where(miss.any(axis=2), miss.argmax(axis=2), K)
         n_ones = np.minimum(first_miss, known)
         n_zero = ((n_ones < known) & (n_ones < avail)).astype(np.int64)
@@ -563,17 +609,14 @@ class AdaptiveController(SpecPolicy):
         if not has.any():
             return
         ri, pi = np.nonzero(has)
+        gr = rows[ri]
+        ones, zero = n_ones[ri, pi], n_zero[ri, pi]
         self.acceptance.update(
-            pi,
-            pend["temp"][rows][ri],
-            pend["hist"][rows][ri, pi],
-            pend["match"][rows][ri, pi],
-            n_ones[ri, pi],
-            n_zero[ri, pi],
+            pi, pend["temp"][gr], pend["hist"][gr, pi], pend["match"][gr, pi], ones, zero
         )
         # Per-request history: moving average of the per-position acceptance rate.
-        slots = pend["slots"][rows][ri]
-        rate = n_ones[ri, pi] / np.maximum(n_ones[ri, pi] + n_zero[ri, pi], 1)
+        slots = pend["slots"][gr]
+        rate = ones / np.maximum(ones + zero, 1)
         w = self.ema_weight
         cur = self._hist_rate[slots, pi]
         first = self._hist_n[slots, pi] == 0

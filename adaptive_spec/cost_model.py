@@ -95,6 +95,8 @@ class StepCostModel:
         self.abs_log_residual = 0.05  # moving average of |log residual| after the load factor
 
     def _reset_cells(self) -> None:
+        self._at: dict[tuple[int, int], float] = {}
+        self._cell_of: dict[tuple[int, int], tuple[int, int]] = {}
         shape = self.table.seconds.shape
         self._cell_w = np.zeros(shape)
         self._cell_r = np.zeros(shape)
@@ -108,6 +110,17 @@ class StepCostModel:
     def curve(self, batch_size: int, max_tokens: int) -> np.ndarray:
         """Predicted step time for ``V = 0..max_tokens``: float64 [max_tokens + 1], non-decreasing."""
         return self.load * self.table.curve(batch_size, max_tokens)
+
+    def at(self, batch_size: int, verified_tokens: int) -> float:
+        """Predicted step time (seconds) of one decode step (cached per ``(B, V)`` between two
+        refreshes of the table: the per-step path)."""
+        key = (batch_size, verified_tokens)
+        base = self._at.get(key)
+        if base is None:
+            if len(self._at) > 4096:
+                self._at.clear()
+            base = self._at[key] = float(self.table.predict(batch_size, verified_tokens))
+        return self.load * base
 
     def predict(
         self, batch_size: float, verified_tokens: Any, prefill_tokens: Any = 0
@@ -154,7 +167,7 @@ class StepCostModel:
             pred0 = float(self.table.predict(batch_size, verified_tokens))
             self.table = self.table.scaled(step_time_s / pred0)
             self._reset_cells()
-        pred = float(self.table.predict(batch_size, verified_tokens))
+        pred = self.at(batch_size, verified_tokens) / self.load
         if prefill_tokens > 0:
             extra = (step_time_s - self.load * pred) / prefill_tokens
             w = 0.1 if self.n_prefill else 1.0
@@ -168,8 +181,13 @@ class StepCostModel:
         self.log_load += self.load_rate * lr
         resid = r - self.log_load
         self.abs_log_residual += 0.02 * (min(abs(resid), MAX_LOG_RATIO) - self.abs_log_residual)
-        bi = int(nearest_index(self.table.batch_sizes, np.array([batch_size]))[0])
-        vi = int(nearest_index(self.table.draft_tokens, np.array([verified_tokens]))[0])
+        cell = self._cell_of.get((batch_size, verified_tokens))
+        if cell is None:
+            cell = self._cell_of[(batch_size, verified_tokens)] = (
+                int(nearest_index(self.table.batch_sizes, np.array([batch_size]))[0]),
+                int(nearest_index(self.table.draft_tokens, np.array([verified_tokens]))[0]),
+            )
+        bi, vi = cell
         self._cell_w[bi, vi] += 1.0
         self._cell_r[bi, vi] += min(max(resid, -MAX_LOG_RATIO), MAX_LOG_RATIO)
         self.n_updates += 1
@@ -222,6 +240,7 @@ class StepCostModel:
         # The applied corrections are in the table now; what the next window sees is measured anew.
         self._cell_r = r * 0.0
         self._cell_w = w * 0.0
+        self._at = {}
         self.n_refreshes += 1
 
     # -- state ------------------------------------------------------------------------------------

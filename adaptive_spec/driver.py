@@ -127,7 +127,8 @@ class StepDriver:
         metrics: SpecMetrics | None = None,
     ) -> None:
         self.policy = policy
-        self.proposers = dict(proposers)
+        # Shared, not copied: the adapter's mapping is the one proposers are looked up in.
+        self.proposers = proposers if isinstance(proposers, dict) else dict(proposers)
         self.max_k = int(max_k)
         self.vocab_size = int(vocab_size)
         self.external = tuple(external)
@@ -247,8 +248,8 @@ class StepDriver:
                 )
             ks = [K] * len(preqs)
             for name, prop in self.proposers.items():
-                if name == "jacobi":
-                    # Jacobi drafts only from a recorded verification (else its guess is noise).
+                if name == "jacobi" and not getattr(self.policy, "wants_jacobi_guess", True):
+                    # Jacobi drafts only from a recorded verification (its initial guess is noise).
                     idx = [i for i, pr in enumerate(preqs) if pr.last_target_argmax is not None]
                     sub = [preqs[i] for i in idx]
                     out = prop.propose(sub, [K] * len(sub)) if sub else []

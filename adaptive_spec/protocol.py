@@ -100,6 +100,9 @@ class SpecPolicy(ABC):
     """
 
     name: str = "policy"
+    #: Whether Jacobi's initial guess (the last token repeated) is offered to requests without a
+    #: recorded verification; a policy that only wants Jacobi's real iterates sets False.
+    wants_jacobi_guess: bool = True
 
     def __init__(self, proposers: list[str], max_k: int) -> None:
         if not isinstance(max_k, int) or max_k < 0:

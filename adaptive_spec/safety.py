@@ -179,8 +179,9 @@ class BaselineTracker:
         drafts: np.ndarray,
         ks: np.ndarray,
     ) -> None:
-        """Register the baseline's drafts of one decision: ``drafts`` int64 [n, max_k] (first ``ks``
-        valid), at output ``positions`` of ``slots``."""
+        """Register the baseline's drafts of one decision for the requests that played something
+        else: ``drafts`` int64 [n, max_k] (first ``ks`` valid), at output ``positions`` of ``slots``
+        (the others' baseline tokens are their own, given to :meth:`set_step_times`)."""
         n = len(slots)
         self.steps[step] = [0.0, float(n), math.nan, 0.0, math.nan]
         if n == 0:
@@ -192,22 +193,35 @@ class BaselineTracker:
         self.p_draft = np.concatenate([self.p_draft, drafts])
 
     def set_step_times(
-        self, step: int, base_time_s: float, run_tokens: float, run_time_s: float
+        self,
+        step: int,
+        base_time_s: float,
+        run_tokens: float,
+        run_time_s: float,
+        base_tokens_known: float = 0.0,
     ) -> None:
+        """Complete a step's record: the baseline's time on it, the run's tokens and time, and the
+        baseline tokens already known (requests that played the baseline's own arm)."""
         rec = self.steps.get(step)
         if rec is not None:
+            rec[0] += base_tokens_known
             rec[2], rec[3], rec[4] = base_time_s, run_tokens, run_time_s
 
     def commit(self, slots: np.ndarray, tokens: list[np.ndarray]) -> None:
-        """Append committed tokens per slot (vectorised over the flat token list)."""
+        """Append committed tokens per slot."""
         if len(slots) == 0:
             return
         lens = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
-        if lens.sum() == 0:
+        flat = np.concatenate(tokens).astype(np.int64, copy=False) if lens.sum() else None
+        self.commit_flat(np.asarray(slots), lens, flat)
+
+    def commit_flat(self, slots: np.ndarray, lens: np.ndarray, flat: np.ndarray | None) -> None:
+        """Append committed tokens: ``flat`` holds ``lens[i]`` tokens for ``slots[i]``, in order."""
+        total = int(lens.sum())
+        if total == 0 or flat is None:
             return
-        flat = np.concatenate(tokens).astype(np.int64, copy=False)
         offs = np.repeat(self.length[slots], lens) + (
-            np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens)
+            np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
         )
         self.ring[np.repeat(slots, lens), offs % self.H] = flat
         self.length[slots] += lens

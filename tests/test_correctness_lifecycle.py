@@ -48,7 +48,8 @@ def _assert_no_state(spec) -> None:
     for name, p in spec.proposers.items():
         if hasattr(p, "__len__"):
             assert len(p) == 0, f"proposer {name} still holds state for {len(p)} requests"
-    assert not spec._chosen and not spec._last and not spec._category
+    d = spec.driver
+    assert not d._chosen and not d._last and not d._category and not d._tokens
 
 
 @pytest.fixture(scope="module")

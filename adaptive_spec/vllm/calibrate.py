@@ -142,7 +142,7 @@ def calibrate(
         raise ValueError(f"prompt_len={prompt_len!r} is invalid; allowed: an integer >= 1")
     core = spec.core
     sched = core.scheduler
-    if sched.has_requests():
+    if sched.get_num_unfinished_requests() > 0:
         raise RuntimeError(
             "the engine has requests: calibrate the step-cost table before serving (or pass "
             "calibrate=False / cost_table=...)"
