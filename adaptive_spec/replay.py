@@ -38,8 +38,9 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--profile",
-        default="fit",
-        help="cost profile: fit (least squares on the trace's step times, default), cpu-smollm2, "
+        default="auto",
+        help="cost profile: auto (default: the controller's measured step-cost table recorded in the "
+        "trace, else fit), table (that table), fit (least squares on the trace's step times), cpu-smollm2, "
         "gpu-flat, gpu-tight, h200-llama8b (measured), linear:c0,c_batch,c_token[,c_draft_pass[,c_prefill_token]] or "
         "roofline:base_s,flat_tokens,per_token_s[,draft_ratio] (seconds)",
     )

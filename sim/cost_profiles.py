@@ -631,7 +631,9 @@ def fit_linear_profile(
 def get_profile(spec: str, trace: Trace | None = None) -> CostProfile:
     """A profile from its command-line spelling.
 
-    ``fit`` (fit to ``trace``), a preset name (:data:`PRESETS`), ``linear:c0,c_batch,c_token[,c_draft_pass[,c_prefill_token]]``
+    ``auto`` (``table`` when the trace recorded one, else ``fit``), ``table`` (the controller's
+    measured step-cost table from the trace header), ``fit`` (fit to ``trace``), a preset name
+    (:data:`PRESETS`), ``linear:c0,c_batch,c_token[,c_draft_pass[,c_prefill_token]]``
     or ``roofline:base_s,flat_tokens,per_token_s[,draft_ratio]`` (seconds).
 
     Raises
@@ -639,6 +641,19 @@ def get_profile(spec: str, trace: Trace | None = None) -> CostProfile:
     ValueError
         For an unknown spelling, bad numbers, or ``fit`` without a trace.
     """
+    if spec == "auto":
+        spec = "table" if trace is not None and trace.header.get("cost_table") else "fit"
+    if spec == "table":
+        table = trace.header.get("cost_table") if trace is not None else None
+        if not table:
+            raise ValueError(
+                "profile='table' needs a trace whose header holds the controller's cost table "
+                "(recorded by adaptive-spec with a cost-pricing policy); use --profile fit"
+            )
+        return TableCostProfile(
+            StepCostTable.from_dict(table),
+            source=f"the recorded run's step-cost table ({trace.header.get('cost_table_source')})",
+        )
     if spec == "fit":
         if trace is None:
             raise ValueError("profile='fit' needs a trace to fit")
@@ -655,7 +670,7 @@ def get_profile(spec: str, trace: Trace | None = None) -> CostProfile:
     if kind == "roofline" and vals and 3 <= len(vals) <= 4:
         return RooflineCostProfile(*vals, source="given on the command line")
     raise ValueError(
-        f"profile={spec!r} is not known; allowed: fit, {', '.join(PRESETS)}, "
+        f"profile={spec!r} is not known; allowed: auto, table, fit, {', '.join(PRESETS)}, "
         "linear:c0,c_batch,c_token[,c_draft_pass[,c_prefill_token]], roofline:base_s,flat_tokens,per_token_s[,draft_ratio]"
     )
 

@@ -297,30 +297,12 @@ class AdaptiveSpec:
         self.category_of = category_of
         self.metrics = SpecMetrics()
         self.tracer: TraceWriter | None = None
-        if trace is not None:
-            self.tracer = TraceWriter(
-                trace,
-                {
-                    "max_k": self.max_k,
-                    "proposers": proposers,
-                    "policy": self.policy.name,
-                    "feature_names": list(DECISION_FEATURES),
-                    "meta": {
-                        "vllm": vllm.__version__,
-                        "engine_method": self.engine_method,
-                        "model": str(core.vllm_config.model_config.model),
-                        "dtype": str(core.vllm_config.model_config.dtype),
-                        "threads": os.environ.get("OMP_NUM_THREADS"),
-                    },
-                },
-            )
         self.driver = StepDriver(
             self.policy,
             self.proposers,
             max_k=self.max_k,
             vocab_size=self.vocab_size,
             external=self.drafter_family,
-            tracer=self.tracer,
             metrics=self.metrics,
         )
         self._engine_drafts: dict[str, list[int]] = {}
@@ -340,6 +322,31 @@ class AdaptiveSpec:
         except BaseException:
             self.detach()
             raise
+        if trace is not None:
+            cost = getattr(self.policy, "cost", None)
+            table = getattr(cost, "table", None)
+            self.tracer = TraceWriter(
+                trace,
+                {
+                    "max_k": self.max_k,
+                    "proposers": proposers,
+                    "policy": self.policy.name,
+                    "feature_names": list(DECISION_FEATURES),
+                    "cost_table": table.to_dict() if table is not None else None,
+                    "cost_table_source": self.cost_table_source,
+                    "meta": {
+                        "vllm": vllm.__version__,
+                        "engine_method": self.engine_method,
+                        "model": str(core.vllm_config.model_config.model),
+                        "dtype": str(core.vllm_config.model_config.dtype),
+                        "threads": os.environ.get("OMP_NUM_THREADS"),
+                        "engine_key": self.engine_key,
+                    },
+                },
+            )
+            self.driver.tracer = self.tracer
+            if hasattr(self.policy, "log_features"):
+                self.policy.log_features = True
 
     def _resolve_cost_table(self, given: Any, calibrate: bool | str) -> str | None:
         """Give the policy its measured step-cost table (see ``cost_table`` / ``calibrate``)."""
