@@ -78,3 +78,21 @@ def make_policy(name: str, proposers: list[str], max_k: int, *, seed: int = 0) -
             ) from None
         return BatchSizeTablePolicy(proposers, max_k, proposer, rows)
     raise ValueError(f"policy={name!r} is not known; allowed: {', '.join(POLICY_NAMES)}")
+
+
+def check_policy_name(name: str, proposers: list[str]) -> str:
+    """Check a policy name against the proposers, without an engine: everything :func:`make_policy`
+    checks except that each k fits ``num_speculative_tokens`` (unknown before the engine is configured).
+
+    Raises
+    ------
+    ValueError
+        For an unknown or malformed name, or a proposer that is not enabled.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"policy={name!r} is invalid; allowed: {', '.join(POLICY_NAMES)}")
+    # Static and table policies hold no per-k state: a bound that never binds leaves k unchecked. The
+    # others do not take k from their name: the smallest engine will do.
+    unbounded = 1 << 30 if name.startswith(("static:", "table:")) else 1
+    make_policy(name, list(proposers), unbounded)
+    return name
