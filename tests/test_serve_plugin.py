@@ -215,12 +215,16 @@ def test_unwritable_state_or_trace_path_is_refused_at_start(tmp_path):
     with pytest.raises(ConfigError) as e:
         cfg.check_paths()
     msg = str(e.value)
-    assert msg.startswith(f"ADAPTIVE_SPEC_STATE='{blocker}/sub/policy.json' is invalid (cannot write")
+    assert msg.startswith(
+        f"ADAPTIVE_SPEC_STATE='{blocker}/sub/policy.json' is invalid (cannot write"
+    )
     assert "; allowed: a file path in a directory that" in msg and "; fix: " in msg
     cfg = ServeConfig.from_env({"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_STATE": str(tmp_path)})
     with pytest.raises(ConfigError, match=r"is invalid \(it is a directory\)"):
         cfg.check_paths()
-    cfg = ServeConfig.from_env({"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_TRACE": str(blocker / "t.jsonl")})
+    cfg = ServeConfig.from_env(
+        {"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_TRACE": str(blocker / "t.jsonl")}
+    )
     with pytest.raises(ConfigError, match=r"^ADAPTIVE_SPEC_TRACE="):
         cfg.check_paths()
     # A directory that does not exist yet is created; nothing is left in it.
@@ -259,7 +263,9 @@ def test_check_vllm_config_accepts_and_refuses():
         check_vllm_config(_vllm_config(backend="mp", device="cuda"), cfg)
     with pytest.raises(ConfigError, match="--no-async-scheduling"):
         check_vllm_config(_vllm_config(async_scheduling=True), cfg)
-    with pytest.raises(ConfigError, match=r"^policy='static:ngram:9' is invalid \(k=9 is out of range"):
+    with pytest.raises(
+        ConfigError, match=r"^policy='static:ngram:9' is invalid \(k=9 is out of range"
+    ):
         check_vllm_config(_vllm_config(), ServeConfig(policy="static:ngram:9"))
 
 
@@ -324,6 +330,24 @@ def test_register_with_switch_patches_once(tmp_path):
     )
     out = _run_python(code, {"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_METRICS_DIR": str(tmp_path)})
     assert out.split() == ["True", "True", "True", "True", "1", str(tmp_path)]
+
+
+@pytest.mark.vllm
+def test_register_gives_the_engine_core_time_for_the_final_save():
+    """With vLLM's default --shutdown-timeout 0 its process manager sends SIGTERM to the engine core and
+    kills it at once; after register() it waits up to SHUTDOWN_GRACE_S for the process to exit (requests
+    are still aborted at once). Other timeouts are vLLM's own."""
+    pytest.importorskip("vllm")
+    code = (
+        "from vllm.v1.engine import utils\n"
+        "from adaptive_spec.vllm import plugin\n"
+        "orig = utils.get_engine_process_shutdown_timeout\n"
+        "plugin.register()\n"
+        "f = utils.get_engine_process_shutdown_timeout\n"
+        "print(orig(0, 0), f is not orig, f(0, 0), f(0, None), f(5, 5), f(0, 3), f(None, None))\n"
+    )
+    out = _run_python(code, {"ADAPTIVE_SPEC": "1"})
+    assert out.split() == ["0", "True", str(plugin.SHUTDOWN_GRACE_S), "None", "5", "3", "None"]
 
 
 def _register(env_extra: dict[str, str]) -> subprocess.CompletedProcess:

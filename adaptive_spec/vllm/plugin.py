@@ -897,14 +897,81 @@ def _patch_engine_args(config: ServeConfig) -> None:
     @functools.wraps(orig)
     def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
         vllm_config = orig(self, *args, **kwargs)
+        _forward_logs_to_vllm()  # vLLM's logging is set up by now (it may not be at register())
         try:
             check_vllm_config(vllm_config, config)
         except ConfigError as e:
             _refuse(e)
+        _note_shutdown(vllm_config, config)
         return vllm_config
 
     create_engine_config._adaptive_spec_wrapped = True  # type: ignore[attr-defined]
     EngineArgs.create_engine_config = create_engine_config
+
+
+#: Seconds the API server gives the engine core to save and exit after ``SIGTERM`` when vLLM's
+#: ``--shutdown-timeout`` is 0 (requests are still aborted at once; the wait ends when the process does).
+SHUTDOWN_GRACE_S = 10.0
+
+
+def _patch_shutdown_grace() -> bool:
+    """Give the engine core time for the final state save under vLLM's default ``--shutdown-timeout 0``.
+
+    vLLM 0.32's process manager sends ``SIGTERM`` to the engine core, then waits the shutdown timeout
+    before ``SIGKILL``: with 0 it kills at once, while the engine core (which handles ``SIGTERM`` by
+    aborting its requests and leaving its busy loop) is saving. vLLM already makes an exception for
+    ROCm through ``get_engine_process_shutdown_timeout``; this wraps that function so that, when both
+    timeouts are 0, the wait is :data:`SHUTDOWN_GRACE_S`. Returns False when vLLM has no such function
+    (the final save then depends on ``--shutdown-timeout``)."""
+    try:
+        from vllm.v1.engine import utils as engine_utils
+    except ImportError:
+        return False
+    orig = getattr(engine_utils, "get_engine_process_shutdown_timeout", None)
+    if orig is None:
+        return False
+    if getattr(orig, "_adaptive_spec_wrapped", False):
+        return True
+
+    @functools.wraps(orig)
+    def get_engine_process_shutdown_timeout(
+        request_timeout: float | None, process_timeout: float | None
+    ) -> float | None:
+        timeout = orig(request_timeout, process_timeout)
+        if request_timeout == 0 and timeout == 0:
+            return SHUTDOWN_GRACE_S
+        return timeout
+
+    get_engine_process_shutdown_timeout._adaptive_spec_wrapped = True  # type: ignore[attr-defined]
+    engine_utils.get_engine_process_shutdown_timeout = get_engine_process_shutdown_timeout
+    return True
+
+
+def _note_shutdown(vllm_config: Any, config: ServeConfig) -> None:
+    """Say at start whether the final state save can happen at shutdown (API server)."""
+    if config.state is None:
+        return
+    timeout = int(getattr(vllm_config, "shutdown_timeout", 0) or 0)
+    if timeout == 0 and not _shutdown_grace_installed:
+        logger.warning(
+            "adaptive-spec: this vLLM kills the engine core right after SIGTERM with "
+            "--shutdown-timeout 0: the final policy-state save at shutdown will be lost (the last "
+            "periodic or idle save is kept); pass --shutdown-timeout 10 to keep it"
+        )
+    elif timeout == 0:
+        logger.info(
+            "adaptive-spec: the policy state is saved at shutdown: after SIGTERM the engine core aborts "
+            "its requests and gets up to %.0f s to save and exit",
+            SHUTDOWN_GRACE_S,
+        )
+    else:
+        logger.info(
+            "adaptive-spec: with --shutdown-timeout %d the final policy-state save happens after "
+            "in-flight requests drain; if they are still running after %d s, vLLM kills the engine "
+            "core and the last periodic or idle save is kept",
+            timeout,
+            timeout,
+        )
 
 
 def _patch_engine_core(config: ServeConfig) -> None:
@@ -931,6 +998,9 @@ def _patch_engine_core(config: ServeConfig) -> None:
         cls.run_busy_loop = run_busy_loop
 
 
+_shutdown_grace_installed = False
+
+
 def register() -> None:
     """vLLM's ``vllm.general_plugins`` entry point. Cheap and idempotent; a no-op without the switch.
 
@@ -939,7 +1009,7 @@ def register() -> None:
     loads: one line on stderr and exit status 2 (``ADAPTIVE_SPEC_DEBUG=1`` raises the
     :class:`ConfigError` instead, with its traceback).
     """
-    global _registered
+    global _registered, _shutdown_grace_installed
     with _register_lock:
         if _registered:
             return
@@ -959,6 +1029,7 @@ def register() -> None:
         register_collector(directory)
         _patch_engine_args(config)
         _patch_engine_core(config)
+        _shutdown_grace_installed = _patch_shutdown_grace()
         logger.debug("adaptive-spec plugin registered (%s)", config.source)
 
 
@@ -968,6 +1039,7 @@ __all__ = [
     "ENV_FIELDS",
     "ENV_METRICS_DIR",
     "ENV_SWITCH",
+    "SHUTDOWN_GRACE_S",
     "ServeConfig",
     "ServeRuntime",
     "check_vllm_config",
