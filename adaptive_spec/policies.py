@@ -96,3 +96,12 @@ def check_policy_name(name: str, proposers: list[str]) -> str:
     unbounded = 1 << 30 if name.startswith(("static:", "table:")) else 1
     make_policy(name, list(proposers), unbounded)
     return name
+
+
+def policy_error_reason(err: ValueError, name: str) -> str:
+    """The reason in a :func:`make_policy` error, without the policy's name and the list of names (for
+    a caller whose own message names the setting and lists them)."""
+    why = str(err).replace(f"; allowed: {', '.join(POLICY_NAMES)}", "")
+    for head in (f"policy={name!r}: ", f"policy={name!r} "):
+        why = why.removeprefix(head)
+    return "not a known policy name" if why == "is not known" else why

@@ -359,14 +359,6 @@ def _convert(name: str, raw: Any) -> Any:
     return raw
 
 
-def _policy_why(err: ValueError, policy: str, names: Any) -> str:
-    """The reason in ``make_policy``'s message, without what the caller's message already says."""
-    why = str(err).replace(f"; allowed: {', '.join(names)}", "")
-    for head in (f"policy={policy!r}: ", f"policy={policy!r} "):
-        why = why.removeprefix(head)
-    return "not a known policy name" if why == "is not known" else why
-
-
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -404,14 +396,14 @@ def _check_field(name: str, v: Any, proposers: Any) -> None:
             except ValueError:
                 raise _Invalid(f"proposer {p!r} is not known") from None
     elif name == "policy":
-        from adaptive_spec.policies import POLICY_NAMES, check_policy_name
+        from adaptive_spec.policies import check_policy_name, policy_error_reason
 
         if not isinstance(v, str) or not v:
             raise _Invalid()
         try:
             check_policy_name(v, list(proposers))
         except ValueError as e:
-            raise _Invalid(_policy_why(e, v, POLICY_NAMES)) from None
+            raise _Invalid(policy_error_reason(e, v)) from None
 
 
 # -- the engine-core side -----------------------------------------------------------------------------
@@ -853,7 +845,7 @@ def check_vllm_config(vllm_config: Any, config: ServeConfig) -> None:
         raise ConfigError(
             "adaptive-spec does not support async scheduling; fix: pass --no-async-scheduling"
         )
-    from adaptive_spec.policies import POLICY_NAMES
+    from adaptive_spec.policies import policy_error_reason
 
     max_k = int(spec.num_speculative_tokens)
     try:
@@ -867,7 +859,7 @@ def check_vllm_config(vllm_config: Any, config: ServeConfig) -> None:
                     o.name,
                     o.raw,
                     f"a policy whose k are at most num_speculative_tokens={max_k}",
-                    why=_policy_why(e, config.policy, POLICY_NAMES),
+                    why=policy_error_reason(e, config.policy),
                     fix=f"use k <= {max_k}, or raise num_speculative_tokens in --speculative-config",
                 )
             )
