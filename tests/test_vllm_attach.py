@@ -255,11 +255,11 @@ def test_second_controller_is_refused_and_detach_restores_the_engine(tiny_llm, r
     before = _engine_methods(tiny_llm)
     first = AdaptiveSpec(tiny_llm, ["none", "ngram", "jacobi"])
     hooked = _engine_methods(tiny_llm)
-    assert AdaptiveSpec.attached(tiny_llm) is first
     with pytest.raises(AttachError) as e:
         AdaptiveSpec(tiny_llm, ["none", "ngram"], policy="static:ngram:2")
     msg = str(e.value)
     assert "already has an AdaptiveSpec attached" in msg and "fix: call detach() on it first" in msg
+    assert AdaptiveSpec.attached(tiny_llm) is first
     # The refused one changed nothing: the first one's hooks are still the ones installed.
     assert {k: v[1] for k, v in _engine_methods(tiny_llm).items()} == {
         k: v[1] for k, v in hooked.items()
