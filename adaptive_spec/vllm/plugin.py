@@ -4,8 +4,9 @@ vLLM calls :func:`register` (entry point ``vllm.general_plugins`` -> ``adaptive_
 processes. Without the switch it returns at once and changes nothing. With ``ADAPTIVE_SPEC=1`` (or
 ``ADAPTIVE_SPEC_CONFIG=/path/config.json``) it:
 
-* validates the configuration (:class:`ServeConfig`; a bad value stops ``vllm serve`` before the model
-  loads, with a message naming the variable);
+* validates the configuration (:class:`ServeConfig`; a bad value, or a state or trace path that cannot
+  be written, stops ``vllm serve`` before the model loads, with one line naming the variable and exit
+  status 2);
 * in the API server: creates the metrics directory (``$ADAPTIVE_SPEC_METRICS_DIR``, inherited by the
   engine core) and registers :class:`~adaptive_spec.vllm.prom.SnapshotCollector` so that ``/metrics``
   shows the ``adaptive_spec_*`` series;
@@ -22,8 +23,10 @@ Persistence: every ``save_every_steps`` engine steps or ``save_every_s`` seconds
 after each step) the engine thread serialises the policy state to a JSON string (tens of microseconds for
 the default controller) and hands it to a background thread, which writes it atomically
 (:func:`adaptive_spec.state.write_policy_state`). A final save happens at shutdown, after the background
-thread has finished. A state file that is corrupt or does not fit (other proposers, ``max_k``, policy) is
-refused with a log line, moved aside to ``<file>.refused-<unix time>``, and the controller starts fresh.
+thread has finished; under vLLM's default ``--shutdown-timeout 0`` the API server is made to wait for it
+(:func:`_patch_shutdown_grace`). Stale temporary files of a killed save are removed at start. A state
+file that is corrupt or does not fit (other proposers, ``max_k``, policy) is refused with a log line,
+moved aside to ``<file>.refused-<unix time>``, and the controller starts fresh.
 """
 
 from __future__ import annotations
