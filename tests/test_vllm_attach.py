@@ -292,7 +292,7 @@ def test_constructor_arguments_are_checked_naming_the_parameter(tiny_llm, tmp_pa
         ({"proposers": []}, r"^proposers=\[\] is invalid"),
         ({"proposers": ["none", "foo"]}, r"^proposers=\['none', 'foo'\] is invalid \(proposer="),
         ({"policy": 3}, r"^policy=3 is invalid; allowed: a policy name or a SpecPolicy"),
-        ({"policy": "bogus"}, r"^policy='bogus' is invalid \(policy='bogus' is not known"),
+        ({"policy": "bogus"}, r"^policy='bogus' is invalid \(not a known policy name\); allowed"),
         ({"policy": "static:ngram:9"}, r"^policy='static:ngram:9' is invalid \(k=9 is out of"),
         ({"seed": "abc"}, r"^seed='abc' is invalid; allowed: an integer"),
         ({"ngram_min": 2.5}, r"^ngram_min=2.5 is invalid; allowed: an integer"),

@@ -247,9 +247,10 @@ class AdaptiveSpec:
         A ``ValueError`` for a ``policy_state`` that cannot be written there, or a refused file that
         cannot be moved aside.
     ValueError
-        For an argument of the wrong kind (naming the parameter), an unknown proposer or policy name, ``draft`` without a draft model, ``lora:<name>``
-        without adapter ``name`` in ``lora_adapters`` or without a ``draft_model`` engine, or an adapter
-        that does not fit the draft (rank, layers or shapes; raised at registration).
+        For an argument of the wrong kind (naming the parameter), an unknown proposer or policy name,
+        ``draft`` without a draft model, ``lora:<name>`` without adapter ``name`` in ``lora_adapters``
+        or without a ``draft_model`` engine, or an adapter that does not fit the draft (rank, layers or
+        shapes; raised at registration).
     """
 
     def __init__(
@@ -351,9 +352,18 @@ class AdaptiveSpec:
             try:
                 self.policy = make_policy(policy, proposers, self.max_k, seed=seed)
             except ValueError as e:
-                raise ValueError(
-                    f"policy={policy!r} is invalid ({e}); fix: pick a policy name of "
-                    f"adaptive_spec.policies with k <= num_speculative_tokens={self.max_k}"
+                if str(e).startswith("seed="):
+                    raise  # names its parameter already
+                from adaptive_spec.errors import invalid_value
+                from adaptive_spec.policies import POLICY_NAMES, policy_error_reason
+
+                raise invalid_value(
+                    "policy",
+                    policy,
+                    f"{', '.join(POLICY_NAMES)}, with k <= num_speculative_tokens={self.max_k} and "
+                    "proposers among proposers",
+                    why=policy_error_reason(e, policy),
+                    fix="pass e.g. policy='adaptive'",
                 ) from None
         self.policy_state_path = Path(policy_state) if policy_state else None
         if self.policy_state_path is not None:
