@@ -15,6 +15,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 # (subcommand, module): modules are imported lazily so `--help` stays fast.
 SUBCOMMANDS = (
@@ -26,8 +27,16 @@ SUBCOMMANDS = (
 )
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, ``prog: error: message``, with exit status 2 (the
+    usage block is left to ``--help``). Subcommand parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="adaptive-spec",
         description=(
             "Adaptive speculative decoding for vLLM: a contextual-bandit controller chooses, per request "

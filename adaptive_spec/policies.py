@@ -107,3 +107,30 @@ def make_policy(
             ) from None
         return BatchSizeTablePolicy(proposers, max_k, proposer, rows)
     raise ValueError(f"policy={name!r} is not known; allowed: {', '.join(POLICY_NAMES)}")
+
+
+def check_policy_name(name: str, proposers: list[str]) -> str:
+    """Check a policy name against the proposers, without an engine: everything :func:`make_policy`
+    checks except that each k fits ``num_speculative_tokens`` (unknown before the engine is configured).
+
+    Raises
+    ------
+    ValueError
+        For an unknown or malformed name, or a proposer that is not enabled.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"policy={name!r} is invalid; allowed: {', '.join(POLICY_NAMES)}")
+    # Static and table policies hold no per-k state: a bound that never binds leaves k unchecked. The
+    # others do not take k from their name: the smallest engine will do.
+    unbounded = 1 << 30 if name.startswith(("static:", "table:")) else 1
+    make_policy(name, list(proposers), unbounded)
+    return name
+
+
+def policy_error_reason(err: ValueError, name: str) -> str:
+    """The reason in a :func:`make_policy` error, without the policy's name and the list of names (for
+    a caller whose own message names the setting and lists them)."""
+    why = str(err).replace(f"; allowed: {', '.join(POLICY_NAMES)}", "")
+    for head in (f"policy={name!r}: ", f"policy={name!r} "):
+        why = why.removeprefix(head)
+    return "not a known policy name" if why == "is not known" else why

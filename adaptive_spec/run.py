@@ -12,15 +12,32 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 from adaptive_spec.workloads import WORKLOADS
 
 logger = logging.getLogger("adaptive_spec.run")
+
+
+def _temperature(text: str) -> float:
+    """``--temperature``: a finite number >= 0 (argparse reports a refusal in one line, exit 2)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is invalid; allowed: a finite number >= 0; fix: e.g. --temperature 0 (greedy)"
+        ) from None
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is invalid; allowed: a finite number >= 0; fix: e.g. --temperature 0 (greedy)"
+        )
+    return v
 
 
 def _positive_int(text: str) -> int:
@@ -108,7 +125,10 @@ def add_parser(sub: Any) -> None:
         help="output tokens per prompt (default 256)",
     )
     p.add_argument(
-        "--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)"
+        "--temperature",
+        type=_temperature,
+        default=0.0,
+        help="sampling temperature, a finite number >= 0 (default 0: greedy)",
     )
     p.add_argument(
         "--policy",
@@ -195,6 +215,136 @@ def resolve_drafts(
     return list(dict.fromkeys(out)), adapters
 
 
+_PROPOSER_FLAG_ALLOWED = "comma-separated none, ngram, jacobi, draft, lora, lora:<adapter>"
+
+
+def check_proposers_flag(text: str) -> list[str]:
+    """The proposers of ``--proposers`` (``lora`` is expanded later, by :func:`resolve_drafts`).
+
+    Raises
+    ------
+    ConfigError
+        For an empty list or an unknown name, naming the flag.
+    """
+    from adaptive_spec.arms import check_proposer_name
+    from adaptive_spec.errors import invalid_value
+
+    proposers = [p.strip() for p in text.split(",") if p.strip()]
+    if not proposers:
+        raise invalid_value(
+            "--proposers",
+            text,
+            _PROPOSER_FLAG_ALLOWED,
+            why="no proposer",
+            fix="e.g. none,ngram,jacobi",
+        )
+    for p in proposers:
+        if p == "lora":
+            continue
+        try:
+            check_proposer_name(p)
+        except ValueError:
+            raise invalid_value(
+                "--proposers",
+                text,
+                _PROPOSER_FLAG_ALLOWED,
+                why=f"proposer {p!r} is not known",
+                fix="remove or correct it",
+            ) from None
+    return proposers
+
+
+def check_policy_flag(policy: str, proposers: list[str], max_k: int) -> None:
+    """Check ``--policy`` against the resolved proposers and ``--max-k`` (before the engine is built).
+
+    Raises
+    ------
+    ConfigError
+        Naming the flag, the reason, the policy names and the fix.
+    """
+    from adaptive_spec.errors import invalid_value
+    from adaptive_spec.policies import POLICY_NAMES, make_policy, policy_error_reason
+
+    try:
+        make_policy(policy, proposers, max_k)
+    except ValueError as e:
+        raise invalid_value(
+            "--policy",
+            policy,
+            f"{', '.join(POLICY_NAMES)}, with k <= --max-k={max_k} and proposers in --proposers",
+            why=policy_error_reason(e, policy),
+            fix="e.g. --policy adaptive",
+        ) from None
+
+
+def load_prompts(args: argparse.Namespace) -> list[Any]:
+    """The prompts of ``--workload`` (``--prompts`` of them).
+
+    Raises
+    ------
+    ConfigError
+        For an unknown workload, a missing, unreadable, malformed or empty JSONL file, or a data package
+        that is not installed; the message names the flag.
+    """
+    from adaptive_spec.errors import invalid_value
+    from adaptive_spec.workloads import WORKLOADS, load_workload
+
+    allowed = f"{', '.join(WORKLOADS)}, or a JSONL file in MT-Bench format (one record per line)"
+    fix = "give a built-in name, or a path to a non-empty JSONL file with a 'turns' list per line"
+    if args.workload not in WORKLOADS and not Path(args.workload).is_file():
+        why = "not a built-in workload, and no such file"
+        raise invalid_value("--workload", args.workload, allowed, why=why, fix=fix)
+    try:
+        return load_workload(args.workload, args.prompts, seed=args.seed)
+    except (OSError, ValueError) as e:
+        raise invalid_value("--workload", args.workload, allowed, why=str(e), fix=fix) from None
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """Check ``--model``, ``--draft-model``, ``--state`` and ``--out`` before the engine is built;
+    removes stale temporary files of an interrupted state save.
+
+    Raises
+    ------
+    ConfigError
+        Naming the flag and the path.
+    """
+    from adaptive_spec.errors import invalid_value
+    from adaptive_spec.state import check_writable_path, prepare_state_path
+
+    for flag, value in (("--model", args.model), ("--draft-model", args.draft_model)):
+        if value is not None and not Path(value).is_dir():
+            raise invalid_value(
+                flag,
+                value,
+                "a model directory (config.json and weights)",
+                why="not a directory",
+                fix=f"give an existing directory, or omit {flag} for the default",
+            )
+    if args.state:
+        prepare_state_path(args.state, "--state")
+    check_writable_path(Path(args.out) / "summary.json", "--out")
+
+
+def check_args(args: argparse.Namespace) -> tuple[list[str], dict[str, Any], list[Any]]:
+    """Everything ``run`` can check before building the engine, in the order of the flags' cost:
+    proposers, paths, workload, draft proposers, policy. Returns the proposers, the LoRA adapters and
+    the prompts.
+
+    Raises
+    ------
+    ValueError
+        A :class:`~adaptive_spec.errors.ConfigError` (or a message of :func:`resolve_drafts`) naming the
+        flag.
+    """
+    proposers = check_proposers_flag(args.proposers)
+    check_paths(args)
+    prompts = load_prompts(args)
+    proposers, adapters = resolve_drafts(args, proposers)
+    check_policy_flag(args.policy, proposers, args.max_k)
+    return proposers, adapters, prompts
+
+
 def build_engine(args: argparse.Namespace, proposers: list[str]) -> Any:
     from adaptive_spec.engine import build_llm
 
@@ -230,7 +380,16 @@ def generate(llm: Any, token_ids: list[list[int]], params: Any) -> tuple[list[An
 
 
 def main(args: argparse.Namespace) -> int:
+    """Run the main job. Returns 0, or 2 after one line on stderr naming a bad flag (with the traceback
+    under ``--verbose``); the flags are checked before vLLM is imported or the engine built."""
     setup_logging(args.verbose)
+    try:
+        proposers, adapters, prompts = check_args(args)
+    except (ValueError, FileNotFoundError) as e:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"adaptive-spec run: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     from rich.console import Console
     from rich.table import Table
     from vllm import SamplingParams
@@ -239,18 +398,10 @@ def main(args: argparse.Namespace) -> int:
     from adaptive_spec.plots import arm_mix, plot_arm_choices
     from adaptive_spec.trace import read_trace
     from adaptive_spec.vllm import AdaptiveSpec
-    from adaptive_spec.workloads import load_workload
 
     console = Console(width=None if sys.stdout.isatty() else 160)
-    proposers = [p.strip() for p in args.proposers.split(",") if p.strip()]
-    try:
-        proposers, adapters = resolve_drafts(args, proposers)
-    except (ValueError, FileNotFoundError) as e:
-        console.print(f"[red]adaptive-spec run: error:[/] {e}")
-        return 2
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    prompts = load_workload(args.workload, args.prompts, seed=args.seed)
     console.print(
         f"[bold]adaptive-spec run[/]: {len(prompts)} prompts ({args.workload}), max_tokens={args.max_tokens}, "
         f"concurrency={args.concurrency}, policy={args.policy}, proposers={','.join(proposers)}"

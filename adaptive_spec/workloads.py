@@ -169,7 +169,7 @@ def load_jsonl(path: Path, n: int) -> list[Prompt]:
     Raises
     ------
     ValueError
-        If a line lacks ``turns`` or is not JSON.
+        If a line lacks ``turns`` or is not JSON, or the file holds no record.
     """
     out = []
     with path.open(encoding="utf-8") as f:
@@ -188,6 +188,8 @@ def load_jsonl(path: Path, n: int) -> list[Prompt]:
             )
             if len(out) >= n:
                 break
+    if not out:
+        raise ValueError(f"{path}: no prompts (the file has no JSON record)")
     return out
 
 
@@ -198,7 +200,8 @@ def load_workload(name: str, n: int, *, seed: int = 0) -> list[Prompt]:
     Raises
     ------
     ValueError
-        For ``n`` < 1 or an unknown name that is not an existing file.
+        For ``n`` < 1, an unknown name that is not an existing file, or a JSONL file that is malformed
+        or empty.
     FileNotFoundError
         If the data package is not installed.
     """

