@@ -1,4 +1,4 @@
-"""Greedy identity, as this project defines it (NOTES.md).
+"""Greedy identity, as this project defines it (``docs/correctness.md``).
 
 In float32 greedy output with speculation must equal no speculation token for token. In bf16 vLLM's CPU
 build is not batch-invariant (verifying k + 1 positions or batching changes matmul shapes and rounding),

@@ -122,7 +122,7 @@ def _convert(src: Path, dst: Path, dtype: str) -> None:
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch_dtype)
     # transformers refuses to save a GGUF-loaded model while it still carries its quantizer
-    # (NOTES.md); the dequantised weights are plain tensors by now.
+    # (checked when the conversion was written); the dequantised weights are plain tensors by now.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config

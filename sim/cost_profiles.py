@@ -447,11 +447,11 @@ H200_LLAMA8B_MS = (
 
 
 PRESETS: dict[str, CostProfile] = {
-    # Linearised from NOTES.md ("Where the speed-up is"): vLLM 0.32 CPU build, SmolLM2-135M bf16,
+    # Linearised from step times measured in vLLM here: vLLM 0.32 CPU build, SmolLM2-135M bf16,
     # 2 threads: one step at batch 1 costs about 29 ms with no drafts and 35 ms verifying 8; at batch 4
     # about 35 ms with no drafts and 48 ms verifying 32 (8 per request). Least squares over these four
     # points: c0 = 28.8 ms, c_batch = 1.46 ms, c_token = 0.43 ms. A draft pass of a 2-layer cut costs
-    # about 0.17 of a target pass (NOTES.md "The embedded model"): 0.17 * 29 ms = 4.9 ms. The prefill
+    # about 0.17 of a target pass (measured with transformers): 0.17 * 29 ms = 4.9 ms. The prefill
     # cost per prompt token (0.05 ms) is an assumption, not a measurement.
     "cpu-smollm2": LinearCostProfile(
         0.0288,
@@ -460,7 +460,7 @@ PRESETS: dict[str, CostProfile] = {
         0.0049,
         0.00005,
         name="cpu-smollm2",
-        source="NOTES.md measurements (vLLM 0.32 CPU, SmolLM2-135M bf16, 2 threads), linearised",
+        source="step times measured in vLLM 0.32 CPU (SmolLM2-135M bf16, 2 threads), linearised",
     ),
     # An assumed memory-bound GPU (not measured here): verifying k tokens costs the same as one until
     # a step holds 256 tokens, then compute-bound; a draft model 20x cheaper than the target.

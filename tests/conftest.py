@@ -32,7 +32,7 @@ def tiny_model_dir(default_model_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_llm(tiny_model_dir: Path):
-    """One in-process vLLM engine per test session (NOTES.md: several LLMs in one process are fragile):
+    """One in-process vLLM engine per test session (several LLMs in one process are fragile):
     the tiny float32 model, n-gram method, num_speculative_tokens = 4, up to 4 requests at once."""
     from adaptive_spec.engine import build_llm
 

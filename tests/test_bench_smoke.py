@@ -107,7 +107,7 @@ def test_json_records_every_figure(bench_run):
             assert s["repeats"] == 2 and s["goodput_tok_s"] > 0
             assert s["ratio_to_none"] is not None
             if greedy and name != "hf-greedy":
-                # float32: greedy identity is exact token equality (NOTES.md).
+                # float32: greedy identity is exact token equality (docs/correctness.md).
                 ident = s["identity"]
                 assert ident["identical"] == ident["total"] == 4, (cid, name, ident)
                 assert s["valid"]

@@ -1,7 +1,7 @@
 """The draft-model proposer across the correctness families, in a subprocess.
 
 A draft-model engine is a second vLLM engine configuration, and several engines in one process are
-fragile (NOTES.md), so this module runs itself as a worker (``python -m tests.test_correctness_draft``)
+fragile, so this module runs itself as a worker (``python -m tests.test_correctness_draft``)
 in a subprocess, bounded in time: the tiny float32 target with a draft model made from the target plus
 small noise (:func:`tests.scripted.make_near_draft`: it agrees with the target on many tokens but not
 all, so both accepted and rejected drafts occur). The worker runs every check, records each result in

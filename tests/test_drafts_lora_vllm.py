@@ -1,7 +1,7 @@
 """Multi-LoRA drafts inside vLLM's drafter (tiny float32 models): greedy identity with batches mixing
 adapters and no adapter, per-request routing, the hooks against a dense reference, refusals, detach.
 
-vLLM engines do not coexist well in one process (NOTES.md), so the engine-level checks run in a child
+vLLM engines do not coexist well in one process, so the engine-level checks run in a child
 pytest process on this same file (``ADAPTIVE_SPEC_LORA_INNER=1``); the outer test reports its result.
 """
 

@@ -5,7 +5,7 @@ vLLM 0.32's ``vllm.v1.sample.rejection_sampler.rejection_sample`` takes the same
 layout (drafts back to back, inclusive cumulative counts) but the target logits without the
 bonus rows, already divided by the temperature, and the bonus tokens sampled beforehand. It
 runs in a subprocess: on the CPU build its Triton kernels are replaced by C++ overrides that
-are registered process-wide, which must happen once per process (see NOTES.md).
+are registered process-wide, which must happen once per process.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def test_fit_recovers_coefficients_despite_stalls() -> None:
     coef = np.array([0.028, 0.0015, 0.0004, 0.005, 0.00005])
     f = _features(rng, 2000, coef, 0.02)
     stalls = rng.choice(2000, size=20, replace=False)
-    f.step_time_s[stalls] += 1.0  # the shared machine's stalls (NOTES.md)
+    f.step_time_s[stalls] += 1.0  # the shared machine's stalls
     prof = fit_linear_profile(f)
     got = np.array([prof.c0, prof.c_batch, prof.c_token, prof.c_draft_pass, prof.c_prefill_token])
     np.testing.assert_allclose(got, coef, rtol=0.08, atol=2e-5)

@@ -32,7 +32,7 @@ name                        kind     engine    what runs
 
 A **cell** is one workload at one concurrency and temperature, with a prompt count, an output length and
 its configurations. Each engine kind runs in its own process (vLLM is fragile with several engines in
-one process, NOTES.md); inside a process every configuration of a cell runs on the same prompts, repeats
+one process, ``docs/benchmarks.md``); inside a process every configuration of a cell runs on the same prompts, repeats
 interleaved.
 """
 
@@ -296,7 +296,7 @@ def quick_plan(*, max_tokens: int = 48) -> list[Cell]:
     ]
 
 
-# Nominal no-speculation goodput on 2 quiet cores (NOTES.md: 35 tokens/s at concurrency 1, 105 at 4;
+# Nominal no-speculation goodput on 2 quiet cores (measured earlier here: 35 tokens/s at concurrency 1, 105 at 4;
 # 16 extrapolated), HF transformers' greedy decode, and engine build times: for --dry-run estimates only.
 NOMINAL_TOK_S = {1: 35.0, 4: 105.0, 16: 200.0}
 NOMINAL_HF_TOK_S = 25.0

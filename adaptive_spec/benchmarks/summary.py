@@ -1,6 +1,6 @@
 """From runs to figures: medians, paired ratios, the best static arm, and the goals of issue #7.
 
-Ratios (the machine drifts between repeats, NOTES.md, so ratios are paired where they can be):
+Ratios (the machine drifts between repeats, ``docs/benchmarks.md``, so ratios are paired where they can be):
 
 * ``ratio_to_none`` of a configuration in the main engine is the median over repeats of its goodput
   divided by the same repeat's no-speculation goodput (``paired``);

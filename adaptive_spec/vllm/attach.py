@@ -1,6 +1,6 @@
 """``AdaptiveSpec(llm)``: adaptive speculation inside an in-process vLLM 0.32 engine (V1 model runner).
 
-Hooks (verified on vLLM 0.32.0's CPU build, NOTES.md), all installed on instances and removed by
+Hooks (verified on vLLM 0.32.0's CPU build, ``docs/architecture.md``), all installed on instances and removed by
 :meth:`AdaptiveSpec.detach`:
 
 * ``Scheduler.schedule``: stamps the step's start time;

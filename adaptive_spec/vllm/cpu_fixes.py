@@ -11,7 +11,7 @@ are unaffected.
 :func:`fix_cpu_expand_kernel` replaces the rejection sampler module's ``_expand`` launcher (the only
 caller of that kernel: ``expand_batch_to_tokens`` for temperature, top-k and top-p) with a correct
 PyTorch implementation. (Re-registering through vLLM's kernel-override registry fails on this build with
-``'_lib_fn_wrapper' object has no attribute 'get'``, as NOTES.md records for repeated registrations.)
+``'_lib_fn_wrapper' object has no attribute 'get'``, seen on repeated registrations.)
 It is process-wide and idempotent, applies on the CPU platform only, and changes nothing but the values
 of that expansion: a correct one, for every dtype.
 """
