@@ -44,6 +44,7 @@ SCHEMA = "adaptive-spec-bench"
 VERSION = 1
 WORKER_MODULES = {
     "main": "adaptive_spec.benchmarks.worker",
+    "nospec": "adaptive_spec.benchmarks.worker",
     "dynamic": "adaptive_spec.benchmarks.worker",
     "draft": "adaptive_spec.benchmarks.worker",
     "hf": "adaptive_spec.hf_peer",
@@ -508,6 +509,10 @@ def main(args: argparse.Namespace) -> int:
     main_cells = engine_cells("main", with_none=False)
     if main_cells:
         run_group("main", main_cells)
+    # No speculation as an operator runs it: an engine built without speculative decoding.
+    nospec_cells = engine_cells("nospec", with_none=False)
+    if nospec_cells:
+        run_group("nospec", nospec_cells)
     for cid in merged:
         if merged[cid]["configs"]:
             summarize_cell(merged[cid])

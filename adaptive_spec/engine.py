@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-ENGINE_METHODS = ("ngram", "draft_model")
+ENGINE_METHODS = ("ngram", "draft_model", None)
 
 
 def build_llm(
@@ -34,8 +34,10 @@ def build_llm(
         ``num_speculative_tokens``: the largest k any arm may use.
     concurrency : int >= 1
         ``max_num_seqs``: requests decoded together.
-    method : {"ngram", "draft_model"}
+    method : {"ngram", "draft_model", None}
         The engine's own proposer (its drafts are the fallback; ``draft_model`` enables the ``draft`` arm).
+        ``None`` builds an engine without speculative decoding (what an operator runs without
+        adaptive-spec; AdaptiveSpec cannot attach to it).
     draft_model : path, optional
         Required with ``method="draft_model"``.
     kv_cache_gib : float
@@ -51,7 +53,7 @@ def build_llm(
     if not isinstance(concurrency, int) or concurrency < 1:
         raise ValueError(f"concurrency={concurrency!r} is invalid; allowed: an integer >= 1")
     if method not in ENGINE_METHODS:
-        raise ValueError(f"method={method!r} is invalid; allowed: {', '.join(ENGINE_METHODS)}")
+        raise ValueError(f"method={method!r} is invalid; allowed: ngram, draft_model, None")
     if method == "draft_model" and draft_model is None:
         raise ValueError("method='draft_model' needs draft_model=<path of a draft model directory>")
     if dtype not in ("bfloat16", "float32"):
@@ -63,9 +65,11 @@ def build_llm(
         from adaptive_spec.models import default_model_path
 
         model = default_model_path(dtype)
-    spec: dict[str, Any] = {"method": method, "num_speculative_tokens": max_k}
+    spec: dict[str, Any] | None = {"method": method, "num_speculative_tokens": max_k}
     if method == "ngram":
         spec.update({"prompt_lookup_min": 2, "prompt_lookup_max": 4})
+    elif method is None:
+        spec = None
     else:
         spec["model"] = str(draft_model)
     llm = LLM(

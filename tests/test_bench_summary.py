@@ -158,25 +158,42 @@ def _goal_cells(adaptive_mixed=140.0, adaptive_invalid=False):
 
 def test_goals_measured_and_met():
     goals = {g["id"]: g for g in compute_goals(_goal_cells())}
-    assert goals["1a"]["measured"] == pytest.approx(140 / 120) and goals["1a"]["met"] is True
-    assert goals["1b"]["measured"] == pytest.approx(140 / 118) and goals["1b"]["met"] is True
-    assert goals["1c"]["measured"] == pytest.approx(140 / 125) and goals["1c"]["met"] is True
-    assert goals["1d"]["met"] is True
-    assert goals["2:code"]["measured"] == pytest.approx(0.96) and goals["2:code"]["met"] is True
-    assert goals["3"]["measured"] == pytest.approx(0.96) and goals["3"]["met"] is False
-    assert goals["4"]["measured"] == pytest.approx(0.04) and goals["4"]["met"] is False
-    assert goals["4"]["comparison"] == "<="
-    assert "2:math" not in goals  # not run: no entry
+    g1, code, hot = (c["id"] for c in _goal_cells())
+    # A: every cell, adaptive / best static >= 0.98
+    assert goals[f"A:{g1}"]["measured"] == pytest.approx(140 / 120) and goals[f"A:{g1}"]["met"]
+    assert goals[f"A:{code}"]["measured"] == pytest.approx(0.96) and not goals[f"A:{code}"]["met"]
+    assert goals[f"A:{hot}"]["met"] is None  # no static arm in that cell
+    # B: c16 T=1.0 against no speculation (the same engine here: no nospec run)
+    assert goals["B"]["measured"] == pytest.approx(0.96) and goals["B"]["met"] is False
+    assert "same engine" in goals["B"]["description"]
+    # C: mixed c4 >= 1.05 x best static
+    assert goals["C"]["measured"] == pytest.approx(140 / 120) and goals["C"]["met"] is True
+    assert goals["D"]["measured"] == pytest.approx(0.04) and goals["D"]["met"] is False
+    assert goals["D"]["comparison"] == "<="
+    assert goals["P:vllm-dynamic"]["measured"] == pytest.approx(140 / 118)
+    assert goals["P:smartspec:ngram"]["measured"] == pytest.approx(140 / 125)
+
+
+def test_goal_b_uses_the_engine_without_speculation_when_it_ran():
+    cells = _goal_cells()
+    hot = cells[2]
+    hot["configs"]["nospec"] = {"engine": "nospec", "runs": runs([310] * 3, identity=False)}
+    summarize_cell(hot)
+    assert hot["summary"]["nospec"]["ratio_method"] == "unpaired"
+    assert hot["summary"]["adaptive"]["ratio_to_nospec"] == pytest.approx(288 / 310)
+    goals = {g["id"]: g for g in compute_goals(cells)}
+    assert goals["B"]["measured"] == pytest.approx(288 / 310)
+    assert "without speculative decoding" in goals["B"]["description"]
 
 
 def test_goals_unmet_and_not_available():
-    goals = {g["id"]: g for g in compute_goals(_goal_cells(adaptive_mixed=130))}
-    assert goals["1a"]["met"] is False  # 130 / 120 < 1.15
+    goals = {g["id"]: g for g in compute_goals(_goal_cells(adaptive_mixed=116))}
+    assert goals["C"]["met"] is False  # 116 / 120 < 1.05
     goals = {g["id"]: g for g in compute_goals(_goal_cells(adaptive_invalid=True))}
-    assert goals["1a"]["met"] is None and "invalid" in goals["1a"]["note"]
+    assert goals["C"]["met"] is None and "invalid" in goals["C"]["note"]
     goals = {g["id"]: g for g in compute_goals([])}
     assert all(g["met"] is None for g in goals.values())
-    assert goals["3"]["note"] == "cell not run"
+    assert goals["B"]["note"] == "cell not run"
 
 
 def test_best_k_by_concurrency_prefers_greedy_and_zero_when_nothing_helps():

@@ -7,6 +7,8 @@ A **configuration** is one way of decoding, named as follows:
 name                        kind     engine    what runs
 =========================== ======== ========= ===========================================================
 ``none``                    baseline main      every request k = 0 (``AdaptiveSpec`` policy ``none``)
+``nospec``                  nospec   nospec    an engine built without speculative decoding, nothing
+                                               attached: what an operator runs without adaptive-spec
 ``static:<p>:<k>``          static   main      one fixed arm, p in ngram, jacobi (``draft``: draft engine)
 ``smartspec:<p>``           peer     main      SmartSpec's goodput rule over k for proposer p (Liu et al.
                                                2024), :class:`adaptive_spec.sim.peers.SmartSpecPolicy`
@@ -45,8 +47,8 @@ from pathlib import Path
 
 from adaptive_spec.workloads import CATEGORIES, WORKLOADS
 
-KINDS = ("baseline", "static", "peer", "adaptive", "vllm", "hf")
-ENGINES = ("main", "dynamic", "draft", "hf")
+KINDS = ("baseline", "nospec", "static", "peer", "adaptive", "vllm", "hf")
+ENGINES = ("main", "nospec", "dynamic", "draft", "hf")
 STATIC_PROPOSERS = ("ngram", "jacobi", "draft")
 _LORA = re.compile(r"^lora:[A-Za-z0-9_.\-]+$")
 STATIC_KS = (1, 2, 4, 8)
@@ -56,7 +58,7 @@ MT_BENCH_DEFAULT = Path("/work/shared/data/mt_bench/question.jsonl")
 MT_BENCH = "mtbench"
 
 CONFIG_HELP = (
-    "none, static:<ngram|jacobi|draft|lora:<name>>:<k>, smartspec:<p>, banditspec:<p>, "
+    "none, nospec, static:<ngram|jacobi|draft|lora:<name>>:<k>, smartspec:<p>, banditspec:<p>, "
     "table:<p>:<s>-<e>=<k>,..., adaptive, adaptive-warm, adaptive-ucb, adaptive-greedy, adaptive-eps, "
     "adaptive+draft, adaptive+lora, vllm-ngram, "
     "vllm-dynamic, hf-greedy, hf-pld"
@@ -94,6 +96,8 @@ def parse_config(name: str, max_k: int = MAX_K) -> ConfigInfo:
         raise ValueError(f"config={name!r} is invalid; allowed: {CONFIG_HELP}")
     if name == "none":
         return ConfigInfo(name, "baseline", "main")
+    if name == "nospec":
+        return ConfigInfo(name, "nospec", "nospec")
     if name in ADAPTIVE_NAMES or name == "adaptive-warm":
         return ConfigInfo(name, "adaptive", "main")
     if name in ("adaptive+draft", "adaptive+lora"):
@@ -225,21 +229,32 @@ def full_plan(
 ) -> list[Cell]:
     """The full grid (about 40-60 minutes on 2 quiet cores; the design is in ``docs/benchmarks.md``).
 
-    * mixed, c=4, greedy, 12 prompts (goal 1): every static arm, both peers, vLLM's own n-gram and its
+    * every mixed cell also runs ``nospec``, an engine built without speculative decoding;
+    * mixed, c=4, greedy, 12 prompts (goal C): every static arm, both peers, vLLM's own n-gram and its
       tuned dynamic table, adaptive cold and warm (and, when a draft exists, the draft engine's static
       arms and the controller with the draft and with the draft plus its LoRA adapters);
     * each category alone (HumanEval, GSM8K, ShareGPT, ACLSum, agent traces, MT-Bench), c=4, greedy,
-      8 prompts of at most 96 tokens (goal 2): every static n-gram/Jacobi arm and adaptive;
+      8 prompts of at most 96 tokens (goal A): every static n-gram/Jacobi arm and adaptive;
     * mixed, c=16, greedy, 32 prompts: the static n-gram arms (they tune the vLLM table's large-batch
       row), the vLLM table, adaptive;
-    * mixed, c=16, temperature 1.0, 32 prompts (goals 3 and 4): none, two static arms, adaptive;
+    * mixed, c=16, temperature 1.0, 32 prompts (goals B and D): the static n-gram arms, Jacobi at 2,
+      adaptive;
     * mixed, c=1, greedy, 4 prompts: the static n-gram arms (the table's small-batch row), adaptive, and
       the HF peer (plain greedy and prompt lookup).
     """
     all_static = static_arms()
     ngram = static_arms(("ngram",))
     peers = ("smartspec:ngram", "banditspec:ngram")
-    goal1 = ("none", *all_static, *peers, "vllm-ngram", "vllm-dynamic", "adaptive", "adaptive-warm")
+    goal1 = (
+        "none",
+        "nospec",
+        *all_static,
+        *peers,
+        "vllm-ngram",
+        "vllm-dynamic",
+        "adaptive",
+        "adaptive-warm",
+    )
     if draft:
         goal1 = (*goal1, *static_arms(("draft",)), "adaptive+draft", "adaptive+lora")
     cells = [Cell("mixed", 4, 0.0, 12, max_tokens, goal1)]
@@ -250,16 +265,25 @@ def full_plan(
     for cat in categories:
         cells.append(Cell(cat, 4, 0.0, 8, per_category, ("none", *all_static, "adaptive")))
     cells += [
-        Cell("mixed", 16, 0.0, 32, max_tokens, ("none", *ngram, "vllm-dynamic", "adaptive")),
+        Cell(
+            "mixed", 16, 0.0, 32, max_tokens, ("none", "nospec", *ngram, "vllm-dynamic", "adaptive")
+        ),
         Cell(
             "mixed",
             16,
             1.0,
             32,
             max_tokens,
-            ("none", "static:ngram:2", "static:jacobi:2", "adaptive"),
+            ("none", "nospec", *ngram, "static:jacobi:2", "adaptive"),
         ),
-        Cell("mixed", 1, 0.0, 4, max_tokens, ("none", *ngram, "adaptive", "hf-greedy", "hf-pld")),
+        Cell(
+            "mixed",
+            1,
+            0.0,
+            4,
+            max_tokens,
+            ("none", "nospec", *ngram, "adaptive", "hf-greedy", "hf-pld"),
+        ),
     ]
     return cells
 
@@ -291,7 +315,7 @@ def quick_plan(*, max_tokens: int = 48) -> list[Cell]:
         Cell(
             "code", 4, 0.0, 4, max_tokens, ("none", "static:ngram:4", "static:jacobi:4", "adaptive")
         ),
-        Cell("mixed", 16, 1.0, 16, max_tokens, ("none", "static:ngram:2", "adaptive")),
+        Cell("mixed", 16, 1.0, 16, max_tokens, ("none", "nospec", "static:ngram:2", "adaptive")),
         Cell("mixed", 1, 0.0, 2, max_tokens, ("none", "static:ngram:8", "hf-greedy", "hf-pld")),
     ]
 
@@ -321,7 +345,9 @@ def estimate_minutes(cells: list[Cell], repeats: int, *, eager: bool = False) ->
             passes_s += repeats * tokens / r
         extra = 1 + ("adaptive-warm" in c.configs)
         extra += sum(
-            1 for e in ("dynamic", "draft") if any(parse_config(x).engine == e for x in c.configs)
+            1
+            for e in ("dynamic", "draft", "nospec")
+            if any(parse_config(x).engine == e for x in c.configs)
         )
         passes_s += extra * tokens / rate
     build = NOMINAL_BUILD_S["eager" if eager else "compiled"]

@@ -9,6 +9,9 @@ Ratios (the machine drifts between repeats, ``docs/benchmarks.md``, so ratios ar
 * the draft engine's no-speculation run still drafts every step (AdaptiveSpec only discards the drafts),
   so its configurations are divided by the main engine's median no-speculation goodput (``unpaired``);
   ``ratio_to_own_none`` is kept as well;
+* ``nospec`` (an engine built without speculative decoding) runs in its own process: unpaired, its
+  goodput over the main engine's median no-speculation goodput; every configuration also gets
+  ``ratio_to_nospec``, its ``ratio_to_none`` over that;
 * HF greedy is unpaired against vLLM's no speculation; HF prompt lookup is paired with HF greedy and
   multiplied by that (``paired-to-hf-greedy``);
 * a ratio between two configurations is the quotient of their ``ratio_to_none``;
@@ -24,17 +27,14 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from adaptive_spec.benchmarks.plan import MT_BENCH, parse_config
-from adaptive_spec.workloads import CATEGORIES
+from adaptive_spec.benchmarks.plan import parse_config
 
 GOAL_THRESHOLDS = {
-    "1a": 1.15,
-    "1b": 1.15,
-    "1c": 1.05,
-    "1d": 1.05,
-    "2": 0.95,
-    "3": 0.97,
-    "4": 0.03,
+    "A": 0.98,  # every cell: adaptive / the cell's best static arm
+    "B": 0.99,  # mixed c16 T=1.0: adaptive / no speculation (the engine without speculative decoding)
+    "C": 1.05,  # mixed c4 greedy: adaptive / the best static arm
+    "D": 0.01,  # controller overhead at c16 (share of step time)
+    "P": 1.0,  # information: adaptive / a peer (SmartSpec, BanditSpec, vLLM's table)
 }
 
 
@@ -80,6 +80,10 @@ def summarize_config(
         out["ratio_to_none"], out["ratio_method"] = 1.0, "paired"
     elif engine == "main":
         out["ratio_to_none"], out["ratio_method"] = _paired(runs, main_none), "paired"
+    elif engine == "nospec":
+        if none_median:
+            out["ratio_to_none"] = out["goodput_tok_s"] / none_median
+        out["ratio_method"] = "unpaired"
     elif engine == "dynamic":
         own = cell.get("baselines", {}).get("dynamic", {}).get("runs", [])
         out["ratio_to_none"], out["ratio_method"] = _paired(runs, own), "paired-own-engine"
@@ -132,11 +136,16 @@ def summarize_cell(cell: dict[str, Any]) -> dict[str, Any]:
     }
     best = max(statics, key=lambda n: statics[n]["ratio_to_none"]) if statics else None
     cell["best_static"] = best
+    nospec = summary.get("nospec", {}).get("ratio_to_none")
     for s in summary.values():
         s["ratio_to_best_static"] = (
             s["ratio_to_none"] / statics[best]["ratio_to_none"]
             if best is not None and s["ratio_to_none"] is not None
             else None
+        )
+        # Against the engine built without speculative decoding (unpaired across processes).
+        s["ratio_to_nospec"] = (
+            s["ratio_to_none"] / nospec if nospec and s["ratio_to_none"] is not None else None
         )
     cell["summary"] = summary
     return cell
@@ -180,49 +189,52 @@ def _goal(gid: str, description: str, cell_id: str | None, measured, missing, *,
 
 
 def compute_goals(cells: list[dict[str, Any]], adaptive: str = "adaptive") -> list[dict[str, Any]]:
-    """The four goals of issue #7, each with its measured ratio, threshold and met/unmet (``met`` is
-    None when a cell or configuration it needs was not run or is invalid).
+    """The goals of the controller (issue #13), each with its measured ratio, threshold and met/unmet
+    (``met`` is None when a cell or configuration it needs was not run or is invalid).
 
-    1. mixed, concurrency 4, greedy: adaptive >= 1.15x the best static arm (1a) and the tuned vLLM
-       table (1b); >= 1.05x SmartSpec-style (1c) and BanditSpec-style (1d);
-    2. each category alone (concurrency 4, greedy): adaptive >= 0.95x its best static arm;
-    3. mixed, concurrency 16, temperature 1.0: adaptive >= 0.97x no speculation;
-    4. controller overhead <= 3 % of engine step time at concurrency 16 (the largest median over the
-       concurrency-16 cells).
+    * ``A:<cell>``: in every cell, adaptive from cold start >= 0.98x the cell's best static arm;
+    * ``B``: mixed, concurrency 16, temperature 1.0: adaptive >= 0.99x no speculation (the engine built
+      without speculative decoding when the cell ran ``nospec``, else the same engine at k = 0);
+    * ``C``: mixed, concurrency 4, greedy: adaptive >= 1.05x the best static arm;
+    * ``D``: controller overhead <= 1 % of step time at concurrency 16 (the largest median over the
+      concurrency-16 cells);
+    * ``P:<peer>`` (information, threshold 1.0): mixed c4 greedy, adaptive over SmartSpec, BanditSpec
+      and vLLM's tuned table.
 
     ``adaptive`` names the configuration judged (the cold-start controller by default).
     """
     goals = []
-    g1 = _find(cells, "mixed", 4, 0.0)
-    cid = g1["id"] if g1 else None
-    best = g1.get("best_static") if g1 else None
-    if g1 is not None and best is None:
-        goals.append(_goal("1a", "adaptive / best static arm", cid, None, "no valid static arm"))
-    else:
-        m, why = _vs(g1, adaptive, best) if best else (None, "cell not run")
-        goals.append(_goal("1a", f"adaptive / best static arm ({best})", cid, m, why))
-    for gid, peer, label in (
-        ("1b", "vllm-dynamic", "vLLM's tuned batch-size table"),
-        ("1c", "smartspec:ngram", "SmartSpec-style"),
-        ("1d", "banditspec:ngram", "BanditSpec-style"),
-    ):
-        m, why = _vs(g1, adaptive, peer)
-        goals.append(_goal(gid, f"adaptive / {label}", cid, m, why))
-    for cat in (*CATEGORIES, MT_BENCH):
-        cell = _find(cells, cat, 4, 0.0)
-        if cell is None:
+    for cell in cells:
+        if "summary" not in cell or adaptive not in cell["summary"]:
             continue
         best = cell.get("best_static")
         m, why = _vs(cell, adaptive, best) if best else (None, "no valid static arm")
         goals.append(
-            _goal(
-                f"2:{cat}", f"{cat} alone: adaptive / best static arm ({best})", cell["id"], m, why
-            )
+            _goal(f"A:{cell['id']}", f"adaptive / best static arm ({best})", cell["id"], m, why)
         )
     g3 = _find(cells, "mixed", 16, 1.0)
-    m, why = _vs(g3, adaptive, "none")
+    ref = "nospec" if g3 is not None and "nospec" in g3.get("summary", {}) else "none"
+    m, why = _vs(g3, adaptive, ref)
     goals.append(
-        _goal("3", "c=16, T=1.0: adaptive / no speculation", g3["id"] if g3 else None, m, why)
+        _goal(
+            "B",
+            f"c=16, T=1.0: adaptive / no speculation ({'engine without speculative decoding' if ref == 'nospec' else 'same engine, k = 0'})",
+            g3["id"] if g3 else None,
+            m,
+            why,
+        )
+    )
+    g1 = _find(cells, "mixed", 4, 0.0)
+    best = g1.get("best_static") if g1 else None
+    m, why = _vs(g1, adaptive, best) if best else (None, "cell not run or no valid static arm")
+    goals.append(
+        _goal(
+            "C",
+            f"mixed c=4 greedy: adaptive / best static arm ({best})",
+            g1["id"] if g1 else None,
+            m,
+            why,
+        )
     )
     overheads = [
         (c["id"], c["summary"][adaptive]["controller_overhead"])
@@ -235,7 +247,7 @@ def compute_goals(cells: list[dict[str, Any]], adaptive: str = "adaptive") -> li
         cid, worst = max(overheads, key=lambda x: x[1])
         goals.append(
             _goal(
-                "4",
+                "D",
                 "controller overhead at c=16 (share of step time)",
                 cid,
                 worst,
@@ -246,7 +258,7 @@ def compute_goals(cells: list[dict[str, Any]], adaptive: str = "adaptive") -> li
     else:
         goals.append(
             _goal(
-                "4",
+                "D",
                 "controller overhead at c=16",
                 None,
                 None,
@@ -254,4 +266,14 @@ def compute_goals(cells: list[dict[str, Any]], adaptive: str = "adaptive") -> li
                 at_most=True,
             )
         )
+    for peer, label in (
+        ("smartspec:ngram", "SmartSpec-style"),
+        ("banditspec:ngram", "BanditSpec-style"),
+        ("vllm-dynamic", "vLLM's tuned batch-size table"),
+    ):
+        if g1 is not None and peer in g1.get("summary", {}):
+            m, why = _vs(g1, adaptive, peer)
+            goals.append(
+                _goal(f"P:{peer}", f"mixed c=4 greedy: adaptive / {label}", g1["id"], m, why)
+            )
     return goals

@@ -21,6 +21,7 @@ nothing attached, counted by a passive observer that changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -39,7 +40,8 @@ def build_engine(spec: dict[str, Any]) -> Any:
     """Build the process's engine from its spec.
 
     ``engine`` is ``main`` (vLLM's n-gram method, k up to ``max_k``: the engine every in-framework
-    configuration shares), ``dynamic`` (the same with ``num_speculative_tokens_per_batch_size`` =
+    configuration shares), ``nospec`` (no speculative decoding at all: what an operator runs without
+    adaptive-spec), ``dynamic`` (the same with ``num_speculative_tokens_per_batch_size`` =
     ``dynamic_table``) or ``draft`` (method ``draft_model`` with ``draft_model``). The settings are those of
     :func:`adaptive_spec.engine.build_llm`.
 
@@ -62,6 +64,8 @@ def build_engine(spec: dict[str, Any]) -> Any:
     extra = {"enforce_eager": True} if spec.get("enforce_eager") else {}
     if kind == "main":
         return build_llm(spec.get("model"), method="ngram", **common, **extra)
+    if kind == "nospec":
+        return build_llm(spec.get("model"), method=None, **common, **extra)
     if kind == "draft":
         if not spec.get("draft_model"):
             raise ValueError("engine='draft' needs draft_model=<directory>")
@@ -100,7 +104,7 @@ def build_engine(spec: dict[str, Any]) -> Any:
             kv_cache_memory_bytes=1 << 30,
             **extra,
         )
-    raise ValueError(f"engine={kind!r} is invalid; allowed: main, dynamic, draft")
+    raise ValueError(f"engine={kind!r} is invalid; allowed: main, nospec, dynamic, draft")
 
 
 def _max_model_len(model: str | None, default: int = 4096) -> int:
@@ -288,7 +292,7 @@ def _run_config(
 
     info = parse_config(name, max_k)
     stats: dict[str, Any] | None = None
-    if info.kind == "vllm":
+    if info.kind in ("vllm", "nospec"):
         counter = PassiveCounter(llm)
         try:
             outs, wall = _generate(llm, cell.ids, cell.params)
@@ -361,7 +365,9 @@ def _prepare_cell(llm: Any, cell: _Cell, max_k: int, log: Any) -> dict[str, Any]
 
     info: dict[str, Any] = {}
     t0 = time.perf_counter()
-    with AdaptiveSpec(llm, ["none"], policy="none"):
+    spec_config = llm.llm_engine.vllm_config.speculative_config
+    plain = contextlib.nullcontext() if spec_config is None else None
+    with plain or AdaptiveSpec(llm, ["none"], policy="none", policy_state=None, calibrate=False):
         if cell.temperature == 0:
             params = SamplingParams(temperature=0.0, max_tokens=cell.params.max_tokens, logprobs=2)
             cell.reference, _ = _generate(llm, cell.ids, params)
