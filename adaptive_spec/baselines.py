@@ -120,3 +120,11 @@ def default_baseline(proposers: list[str], max_k: int) -> SpecPolicy:
         rows = [[s, e, min(k, max_k)] for s, e, k in DEFAULT_NGRAM_TABLE]
         return BatchSizeTablePolicy(list(proposers), max_k, "ngram", rows)
     return StaticPolicy(list(proposers), max_k, NO_SPEC)
+
+
+def default_baseline_spec(proposers: list[str], max_k: int) -> str:
+    """:func:`default_baseline` as a policy name for :func:`adaptive_spec.policies.make_policy`."""
+    if "ngram" in proposers:
+        rows = ",".join(f"{s}-{e}={min(k, max_k)}" for s, e, k in DEFAULT_NGRAM_TABLE)
+        return f"table:ngram:{rows}"
+    return "none"

@@ -139,10 +139,41 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--compare-static",
         action="store_true",
-        help="also run with speculation off and print the goodput ratio",
+        help="also measure, on the same prompts after one untimed warm-up pass of all of them: speculation "
+        "off in the same engine (k = 0), the controller's safe baseline (--baseline) and an engine built "
+        "without speculative decoding (its own process; --no-nospec skips it); repeats interleaved "
+        "(--repeats), medians and paired ratios, greedy identity of every run",
     )
     p.add_argument(
-        "--state", default=None, help="policy state file: loaded if present, saved at the end"
+        "--repeats",
+        type=_positive_int,
+        default=2,
+        help="interleaved repeats of each configuration with --compare-static (default 2)",
+    )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        help="the adaptive controller's safe baseline: none, static:<proposer>:<k> or "
+        "table:<proposer>:<start>-<end>=<k>,... (default: the shipped n-gram batch-size table, "
+        "adaptive_spec.baselines.DEFAULT_NGRAM_TABLE)",
+    )
+    p.add_argument(
+        "--no-nospec",
+        dest="nospec",
+        action="store_false",
+        help="with --compare-static, skip the engine built without speculative decoding (saves one engine build)",
+    )
+    p.add_argument(
+        "--state",
+        default=None,
+        help="policy state file: loaded if present, saved at the end (default: a file in the cache "
+        "directory keyed by model, dtype, machine, policy and proposers; see --no-state)",
+    )
+    p.add_argument(
+        "--no-state",
+        action="store_true",
+        help="start from no learned state and keep none (the controller still uses the shipped priors "
+        "and the measured step-cost table)",
     )
     p.add_argument(
         "--out",
@@ -342,6 +373,21 @@ def check_args(args: argparse.Namespace) -> tuple[list[str], dict[str, Any], lis
     prompts = load_prompts(args)
     proposers, adapters = resolve_drafts(args, proposers)
     check_policy_flag(args.policy, proposers, args.max_k)
+    if getattr(args, "baseline", None) is not None:
+        from adaptive_spec.errors import invalid_value
+
+        try:
+            check_policy_flag(args.baseline, proposers, args.max_k)
+            if args.baseline.startswith(("adaptive", "smartspec", "banditspec")):
+                raise ValueError("a learning policy cannot be the baseline")
+        except ValueError as e:
+            raise invalid_value(
+                "--baseline",
+                args.baseline,
+                "none, static:<proposer>:<k>, table:<proposer>:<start>-<end>=<k>,...",
+                why=str(e).split(";")[0],
+                fix="pass e.g. --baseline static:ngram:4",
+            ) from None
     return proposers, adapters, prompts
 
 
@@ -362,14 +408,9 @@ def build_engine(args: argparse.Namespace, proposers: list[str]) -> Any:
 
 def encode_prompts(llm: Any, prompts: list[Any]) -> list[list[int]]:
     """Apply the model's chat template to each prompt and return token ids."""
-    tok = llm.get_tokenizer()
-    out = []
-    for p in prompts:
-        text = tok.apply_chat_template(
-            [{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True
-        )
-        out.append(list(tok.encode(text, add_special_tokens=False)))
-    return out
+    from adaptive_spec.workloads import chat_token_ids
+
+    return chat_token_ids(llm.get_tokenizer(), [p.text for p in prompts])
 
 
 def generate(llm: Any, token_ids: list[list[int]], params: Any) -> tuple[list[Any], float]:
@@ -394,7 +435,6 @@ def main(args: argparse.Namespace) -> int:
     from rich.table import Table
     from vllm import SamplingParams
 
-    from adaptive_spec.identity import compare_greedy
     from adaptive_spec.plots import arm_mix, plot_arm_choices
     from adaptive_spec.trace import read_trace
     from adaptive_spec.vllm import AdaptiveSpec
@@ -416,61 +456,75 @@ def main(args: argparse.Namespace) -> int:
     def category_of(ids: Any) -> str | None:
         return cats.get(tuple(ids))
 
-    want_logprobs = 2 if args.compare_static and args.temperature == 0 else None
     params = SamplingParams(
+        temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed
+    )
+    greedy = args.temperature == 0
+    # One untimed pass of every prompt with speculation off: it warms the engine and puts every prompt
+    # in vLLM's prefix cache, so that no configuration pays a prefill the others skip. In compare
+    # mode it is the greedy reference (logprobs) every run is checked against.
+    console.print(
+        "warm-up: every prompt once with speculation off (untimed, fills the prefix cache)"
+    )
+    ref_params = SamplingParams(
         temperature=args.temperature,
-        max_tokens=args.max_tokens,
+        max_tokens=args.max_tokens if args.compare_static else 1,
         seed=args.seed,
-        logprobs=want_logprobs,
+        logprobs=2 if args.compare_static and greedy else None,
     )
-    # Warm-up (not measured): the first steps of a new engine run slower.
-    warm = AdaptiveSpec(llm, proposers, policy="none", lora_adapters=adapters)
-    llm.generate(
-        [{"prompt_token_ids": token_ids[0]}],
-        SamplingParams(temperature=0, max_tokens=16),
-        use_tqdm=False,
-    )
-    warm.detach()
+    with AdaptiveSpec(
+        llm, proposers, policy="none", lora_adapters=adapters, policy_state=None, calibrate=False
+    ):
+        reference, _ = generate(llm, token_ids, ref_params)
 
-    results: dict[str, Any] = {}
-    baseline_outs = None
-    if args.compare_static:
-        console.print("[bold]1/2[/] speculation off (same engine, every request k = 0)")
-        base = AdaptiveSpec(
-            llm, proposers, policy="none", category_of=category_of, lora_adapters=adapters
-        )
-        baseline_outs, wall = generate(llm, token_ids, params)
-        base.detach()
-        n_tok = sum(len(o.outputs[0].token_ids) for o in baseline_outs)
-        results["no_speculation"] = {
-            "wall_s": wall,
-            "output_tokens": n_tok,
-            "goodput_tok_s": n_tok / wall,
-            "stats": base.stats(),
-        }
-        console.print("[bold]2/2[/] adaptive")
+    state = None if args.no_state else (args.state or "auto")
     trace_path = out_dir / "trace.jsonl"
-    spec = AdaptiveSpec(
-        llm,
-        proposers,
-        policy=args.policy,
-        trace=trace_path,
-        policy_state=args.state,
-        category_of=category_of,
-        seed=args.seed,
-        lora_adapters=adapters,
-    )
-    outs, wall = generate(llm, token_ids, params)
-    spec.detach()
+    results: dict[str, Any] = {}
+
+    def run_adaptive(traced: bool, policy_state: Any) -> tuple[list[Any], float, dict[str, Any]]:
+        spec = AdaptiveSpec(
+            llm,
+            proposers,
+            policy=args.policy,
+            trace=trace_path if traced else None,
+            policy_state=policy_state,
+            category_of=category_of,
+            seed=args.seed,
+            lora_adapters=adapters,
+            **({"baseline": args.baseline} if args.baseline else {}),
+        )
+        try:
+            outs, wall = generate(llm, token_ids, params)
+        finally:
+            spec.detach()
+        return outs, wall, spec.stats()
+
+    if not args.compare_static:
+        outs, wall, stats = run_adaptive(True, state)
+    else:
+        from adaptive_spec.compare_static import compare_in_engine
+
+        outs, wall, stats, results["comparison"] = compare_in_engine(
+            console,
+            llm,
+            args,
+            proposers,
+            adapters,
+            token_ids,
+            params,
+            reference,
+            category_of,
+            run_adaptive,
+            state,
+            prompts,
+        )
     n_tok = sum(len(o.outputs[0].token_ids) for o in outs)
-    stats = spec.stats()
     results["adaptive"] = {
         "wall_s": wall,
         "output_tokens": n_tok,
         "goodput_tok_s": n_tok / wall,
         "stats": stats,
     }
-
     table = Table(
         title=f"adaptive-spec run: {args.workload}, policy {args.policy}, concurrency {args.concurrency}"
     )
@@ -501,21 +555,10 @@ def main(args: argparse.Namespace) -> int:
         "tokens/s per category charges each request-step an equal share of its step's time."
     )
     console.print(table)
-    if baseline_outs is not None:
-        b = results["no_speculation"]
-        ratio = results["adaptive"]["goodput_tok_s"] / b["goodput_tok_s"]
-        results["goodput_ratio"] = ratio
-        console.print(
-            f"[bold]goodput[/]: adaptive {results['adaptive']['goodput_tok_s']:.1f} tokens/s vs no speculation "
-            f"{b['goodput_tok_s']:.1f} tokens/s: [bold]{ratio:.2f}x[/]"
-        )
-        if args.temperature == 0:
-            ident = compare_greedy(baseline_outs, outs)
-            results["greedy_identity"] = ident
-            console.print(
-                f"greedy identity: {ident['identical']}/{ident['total']} identical, {ident['near_tie']} differ at a "
-                f"near-tie (top-2 margin <= {ident['tolerance']}), {ident['violations']} violations"
-            )
+    if args.compare_static:
+        from adaptive_spec.compare_static import print_comparison
+
+        print_comparison(console, results, greedy)
     trace = read_trace(trace_path)
     plot = plot_arm_choices(
         trace.steps, out_dir / "arms.png", title=f"Arm choices: {args.workload}, {args.policy}"

@@ -25,8 +25,10 @@ import html
 import importlib.util
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CATEGORIES = ("code", "math", "chat", "summarize", "agent")
 MIXED = ("code", "math", "chat", "summarize")
@@ -223,3 +225,15 @@ def load_workload(name: str, n: int, *, seed: int = 0) -> list[Prompt]:
     raise ValueError(
         f"workload={name!r} is not known; allowed: {', '.join(WORKLOADS)} or a JSONL file path"
     )
+
+
+def chat_token_ids(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text as one user turn in the model's chat template (with the generation
+    prompt): how ``run`` and ``bench`` send prompts. ``tokenizer``: a Hugging Face tokenizer."""
+    out = []
+    for t in texts:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True
+        )
+        out.append(list(tokenizer.encode(text, add_special_tokens=False)))
+    return out

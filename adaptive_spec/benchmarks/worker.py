@@ -233,14 +233,9 @@ def _totals(stats: dict[str, Any]) -> dict[str, Any]:
 
 
 def _encode(llm: Any, texts: Sequence[str]) -> list[list[int]]:
-    tok = llm.get_tokenizer()
-    out = []
-    for t in texts:
-        text = tok.apply_chat_template(
-            [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True
-        )
-        out.append(list(tok.encode(text, add_special_tokens=False)))
-    return out
+    from adaptive_spec.workloads import chat_token_ids
+
+    return chat_token_ids(llm.get_tokenizer(), texts)
 
 
 def _generate(llm: Any, ids: list[list[int]], params: Any) -> tuple[list[Any], float]:

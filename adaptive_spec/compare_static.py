@@ -1,0 +1,292 @@
+"""``adaptive-spec run --compare-static``: the main job against what an operator would otherwise run.
+
+On the same prompts, after one untimed pass of all of them with speculation off (the warm-up that fills
+vLLM's prefix cache and, for greedy decoding, the reference every run is checked against), each round
+runs, in an order rotated by one per round:
+
+* ``none``: speculation off in the same engine (every request k = 0);
+* the controller's **baseline** (its safety rule's comparator; default the shipped n-gram batch-size
+  table) as a static policy;
+* the **adaptive** controller (each round starts from the same learned state, so rounds do not train
+  each other; the last round's state is saved).
+
+Ratios are paired per round (the machine drifts between rounds) and the medians reported. With
+``nospec`` (the default), an engine built **without speculative decoding**, what an operator runs
+without adaptive-spec, is measured in its own process afterwards on the same prompts (vLLM does not
+hold two engines in one process reliably): that ratio is unpaired across processes and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from adaptive_spec.baselines import default_baseline_spec
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return float(statistics.median(xs)) if xs else None
+
+
+def compare_in_engine(
+    console: Any,
+    llm: Any,
+    args: Any,
+    proposers: list[str],
+    adapters: dict[str, Any],
+    token_ids: list[list[int]],
+    params: Any,
+    reference: list[Any],
+    category_of: Callable[[Any], str | None],
+    run_adaptive: Callable[[bool, Any], tuple[list[Any], float, dict[str, Any]]],
+    state: Any,
+    prompts: list[Any],
+) -> tuple[list[Any], float, dict[str, Any], dict[str, Any]]:
+    """Run the rounds (module docstring). Returns the adaptive run of the last round (outputs, wall
+    time, stats) and the results: per configuration the goodput per round, medians, paired ratios to
+    ``none`` and to the baseline, greedy identity, and the engine without speculative decoding."""
+    from adaptive_spec.identity import compare_greedy
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    greedy = args.temperature == 0
+    baseline = args.baseline or default_baseline_spec(proposers, args.max_k)
+    names = ["none", baseline, "adaptive"]
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    snapshot = _state_snapshot(llm, args, proposers, state)
+    last: tuple[list[Any], float, dict[str, Any]] | None = None
+    last_state: Path | None = None
+    work = Path(tempfile.mkdtemp(prefix="adaptive-spec-compare-"))
+    try:
+        for r in range(args.repeats):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            for name in order:
+                console.print(f"[bold]round {r + 1}/{args.repeats}[/]: {name}")
+                if name == "adaptive":
+                    tmp = None
+                    if snapshot is not None:
+                        tmp = work / f"state_r{r}.json"
+                        if snapshot.exists():
+                            shutil.copyfile(snapshot, tmp)
+                    outs, wall, stats = run_adaptive(r == args.repeats - 1, tmp)
+                    last = (outs, wall, stats)
+                    last_state = tmp
+                else:
+                    spec = AdaptiveSpec(
+                        llm,
+                        proposers,
+                        policy=name,
+                        policy_state=None,
+                        category_of=category_of,
+                        lora_adapters=adapters,
+                    )
+                    try:
+                        from adaptive_spec.run import generate
+
+                        outs, wall = generate(llm, token_ids, params)
+                    finally:
+                        spec.detach()
+                    stats = spec.stats()
+                n = sum(len(o.outputs[0].token_ids) for o in outs)
+                run = {"round": r, "wall_s": wall, "output_tokens": n, "goodput_tok_s": n / wall}
+                if greedy:
+                    ident = compare_greedy(reference, outs)
+                    ident.pop("details", None)
+                    run["identity"] = ident
+                run["mean_accepted_length"] = sum(
+                    c["emitted"] for c in stats["by_category"].values()
+                ) / max(sum(c["request_steps"] for c in stats["by_category"].values()), 1)
+                runs[name].append(run)
+        if snapshot is not None and last_state is not None and last_state.exists():
+            snapshot.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(last_state, snapshot)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert last is not None
+    results = summarize_rounds(runs, baseline)
+    if getattr(args, "nospec", True):
+        results["nospec"] = run_nospec_engine(console, args, prompts)
+        ns = results["nospec"].get("goodput_tok_s")
+        none = results["configs"]["none"]["goodput_tok_s"]
+        if ns and none:
+            for c in results["configs"].values():
+                c["ratio_to_nospec"] = c["goodput_tok_s"] / ns
+    return last[0], last[1], last[2], results
+
+
+def summarize_rounds(runs: dict[str, list[dict[str, Any]]], baseline: str) -> dict[str, Any]:
+    """Medians and paired ratios (per round) of each configuration's goodput."""
+    by_round = {n: {r["round"]: r["goodput_tok_s"] for r in rs} for n, rs in runs.items()}
+    out: dict[str, Any] = {"baseline": baseline, "configs": {}}
+    for name, rs in runs.items():
+        med = _median([r["goodput_tok_s"] for r in rs])
+        to_none = _median(
+            [g / by_round["none"][k] for k, g in by_round[name].items() if by_round["none"].get(k)]
+        )
+        to_base = _median(
+            [
+                g / by_round[baseline][k]
+                for k, g in by_round[name].items()
+                if by_round[baseline].get(k)
+            ]
+        )
+        idents = [r["identity"] for r in rs if "identity" in r]
+        out["configs"][name] = {
+            "runs": rs,
+            "goodput_tok_s": med,
+            "ratio_to_none": to_none,
+            "ratio_to_baseline": to_base,
+            "mean_accepted_length": _median([r["mean_accepted_length"] for r in rs]),
+            "identity": {
+                k: sum(i[k] for i in idents)
+                for k in ("total", "identical", "near_tie", "violations")
+            }
+            if idents
+            else None,
+        }
+    return out
+
+
+def _state_snapshot(llm: Any, args: Any, proposers: list[str], state: Any) -> Path | None:
+    """The state file the adaptive rounds start from (and the last round's state is saved to)."""
+    if state is None:
+        return None
+    if state != "auto":
+        return Path(state)
+    from adaptive_spec.machine import engine_key
+    from adaptive_spec.policies import make_policy
+    from adaptive_spec.state import auto_state_path
+
+    mc = llm.llm_engine.vllm_config.model_config
+    pol = make_policy(args.policy, proposers, args.max_k)
+    return auto_state_path(pol, engine_key(mc.model, str(mc.dtype)), proposers)
+
+
+def run_nospec_engine(console: Any, args: Any, prompts: list[Any]) -> dict[str, Any]:
+    """The same prompts on an engine built without speculative decoding, in a worker process
+    (:mod:`adaptive_spec.benchmarks.worker`, engine ``nospec``): warm-up pass, then ``args.repeats``
+    timed passes. Returns the median goodput (tokens/s) and the runs, or an ``error``."""
+    console.print(
+        "[bold]engine without speculative decoding[/] (its own process: one more engine build)"
+    )
+    work = Path(tempfile.mkdtemp(prefix="adaptive-spec-nospec-"))
+    spec = {
+        "engine": "nospec",
+        "model": args.model,
+        "dtype": args.dtype,
+        "max_k": args.max_k,
+        "max_num_seqs": args.concurrency,
+        "seed": args.seed,
+        "repeats": args.repeats,
+        "work_dir": str(work),
+        "cells": [
+            {
+                "id": "main-job",
+                "slug": "main-job",
+                "workload": args.workload,
+                "concurrency": args.concurrency,
+                "temperature": args.temperature,
+                "max_tokens": args.max_tokens,
+                "texts": [p.text for p in prompts],
+                "categories": [p.category for p in prompts],
+                "configs": ["nospec"],
+            }
+        ],
+    }
+    (work / "spec.json").write_text(json.dumps(spec))
+    out = work / "out.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "adaptive_spec.benchmarks.worker",
+        str(work / "spec.json"),
+        str(out),
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
+        if proc.returncode != 0 or not out.exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            return {"error": f"worker exited with {proc.returncode}: {' | '.join(tail)}"}
+        res = json.loads(out.read_text())
+        entry = res["cells"]["main-job"]["configs"]["nospec"]
+        if "error" in entry:
+            return {"error": entry["error"]}
+        goodputs = [r["goodput_tok_s"] for r in entry["runs"]]
+        return {
+            "goodput_tok_s": _median(goodputs),
+            "goodput_runs": goodputs,
+            "build_s": res.get("build_s"),
+            "paired": False,
+        }
+    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def print_comparison(console: Any, results: dict[str, Any], greedy: bool) -> None:
+    """The comparison table: per configuration, median goodput, paired ratios, identity."""
+    from rich.table import Table
+
+    cmp = results.get("comparison")
+    if not cmp:
+        return
+    t = Table(title="goodput on the same prompts (medians over interleaved rounds)")
+    for col in (
+        "configuration",
+        "tokens/s",
+        "x k=0 (same engine)",
+        "x baseline",
+        "x no-spec engine",
+        "accepted length",
+        "greedy identity",
+    ):
+        t.add_column(
+            col, justify="left" if col in ("configuration", "greedy identity") else "right"
+        )
+    ns = cmp.get("nospec", {})
+    for name, c in cmp["configs"].items():
+        label = {"none": "speculation off (k = 0)", "adaptive": "adaptive"}.get(
+            name, f"baseline {name}"
+        )
+        ident = c.get("identity")
+        t.add_row(
+            label,
+            f"{c['goodput_tok_s']:.1f}",
+            f"{c['ratio_to_none']:.3f}" if c["ratio_to_none"] else "-",
+            f"{c['ratio_to_baseline']:.3f}" if c["ratio_to_baseline"] else "-",
+            f"{c['ratio_to_nospec']:.3f}" if c.get("ratio_to_nospec") else "-",
+            f"{c['mean_accepted_length']:.2f}" if c["mean_accepted_length"] else "-",
+            (
+                f"{ident['identical']}/{ident['total']} identical, {ident['near_tie']} near-ties, "
+                f"{ident['violations']} violations"
+            )
+            if greedy and ident
+            else "-",
+        )
+    if ns.get("goodput_tok_s"):
+        t.add_row(
+            "engine without speculative decoding",
+            f"{ns['goodput_tok_s']:.1f}",
+            "",
+            "",
+            "1.000",
+            "",
+            "",
+        )
+    notes = ["ratios to k=0 and to the baseline are paired per round"]
+    if ns.get("error"):
+        notes.append(f"engine without speculative decoding: not measured ({ns['error']})")
+    elif ns:
+        notes.append(
+            "the engine without speculative decoding ran in its own process after the others (unpaired)"
+        )
+    t.caption = "; ".join(notes)
+    console.print(t)
