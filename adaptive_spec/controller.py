@@ -215,6 +215,9 @@ class AdaptiveController(SpecPolicy):
         self._probe_gap = [min(8, probe_every), min(8, probe_every)]  # without / with speculation
         self._jacobi_active = False
         self.log_features = False
+        # Calibration report (replay --calibration): (proposer, position, predicted, accepted) arrays.
+        self.record_calibration = False
+        self.calibration_records: list[tuple[np.ndarray, ...]] = []
         self.n_steps = 0
 
     # -- baseline ---------------------------------------------------------------------------------
@@ -455,6 +458,7 @@ class AdaptiveController(SpecPolicy):
             "match": match,
             "batch_size": B,
             "Vb": Vb,
+            "alpha": alpha if self.record_calibration else None,
             "same": ~differ,
         }
         self.n_steps += 1
@@ -611,6 +615,18 @@ class AdaptiveController(SpecPolicy):
         ri, pi = np.nonzero(has)
         gr = rows[ri]
         ones, zero = n_ones[ri, pi], n_zero[ri, pi]
+        if pend.get("alpha") is not None:
+            # Predicted conditional acceptance of every judged position, with its label.
+            judged = self._jpos[None, :] < (ones + zero)[:, None]
+            r_i, j_i = np.nonzero(judged)
+            self.calibration_records.append(
+                (
+                    pi[r_i],
+                    j_i,
+                    pend["alpha"][gr[r_i], pi[r_i], j_i],
+                    (j_i < ones[r_i]).astype(np.int8),
+                )
+            )
         self.acceptance.update(
             pi, pend["temp"][gr], pend["hist"][gr, pi], pend["match"][gr, pi], ones, zero
         )
@@ -660,6 +676,59 @@ class AdaptiveController(SpecPolicy):
                 np.array([pi]), np.array([0]), np.array([0]), np.array([N_MATCH - 1])
             )
             out[p] = float(self.acceptance.table()[c[0], 0])
+        return out
+
+    def calibration(self, bins: int = 10) -> dict[str, Any]:
+        """Predicted against observed conditional acceptance of every judged draft position since
+        ``record_calibration`` was set: per proposer and position (mean predicted, observed rate,
+        count) and a reliability table over ``bins`` bins of the prediction, with the expected
+        calibration error (the count-weighted mean |predicted - observed| over the bins)."""
+        if not self.calibration_records:
+            return {}
+        p = np.concatenate([r[0] for r in self.calibration_records])
+        j = np.concatenate([r[1] for r in self.calibration_records])
+        a = np.concatenate([r[2] for r in self.calibration_records])
+        y = np.concatenate([r[3] for r in self.calibration_records]).astype(float)
+        out: dict[str, Any] = {}
+        for pi, name in enumerate(self.proposers):
+            m = p == pi
+            if not m.any():
+                continue
+            by_pos = []
+            for jj in range(self.max_k):
+                mj = m & (j == jj)
+                if mj.any():
+                    by_pos.append(
+                        {
+                            "position": jj + 1,
+                            "n": int(mj.sum()),
+                            "predicted": round(float(a[mj].mean()), 4),
+                            "observed": round(float(y[mj].mean()), 4),
+                        }
+                    )
+            edges = np.linspace(0, 1, bins + 1)
+            b = np.clip(np.searchsorted(edges, a[m], side="right") - 1, 0, bins - 1)
+            rel = []
+            ece = 0.0
+            for k in range(bins):
+                mk = b == k
+                if mk.any():
+                    pr, ob, n = float(a[m][mk].mean()), float(y[m][mk].mean()), int(mk.sum())
+                    rel.append(
+                        {
+                            "bin": [round(edges[k], 2), round(edges[k + 1], 2)],
+                            "n": n,
+                            "predicted": round(pr, 4),
+                            "observed": round(ob, 4),
+                        }
+                    )
+                    ece += n * abs(pr - ob)
+            out[name] = {
+                "n": int(m.sum()),
+                "by_position": by_pos,
+                "reliability": rel,
+                "ece": round(ece / max(int(m.sum()), 1), 4),
+            }
         return out
 
     def stats(self) -> dict[str, Any]:

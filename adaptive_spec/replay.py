@@ -51,6 +51,13 @@ def add_parser(sub: Any) -> None:
         help="largest batch in the replay (default: the largest batch_size in the trace)",
     )
     p.add_argument("--out", default=None, help="output directory (default: <trace dir>/replay)")
+    p.add_argument(
+        "--calibration",
+        action="store_true",
+        help="also replay the adaptive controller recording its predicted acceptance of every judged "
+        "draft position: predicted vs observed per proposer and position, a reliability table with "
+        "the expected calibration error, and calibration.png",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the learning policies (default 0)")
     p.add_argument(
         "--ngram-min", type=int, default=2, help="n-gram min_n the engine used (default 2)"
@@ -244,6 +251,11 @@ def main(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else path.parent / "replay"
     out.mkdir(parents=True, exist_ok=True)
+    calib = None
+    if args.calibration:
+        calib = replay_calibration(wl, profile, max_batch, args.seed)
+        print_calibration(console, calib)
+        plot_calibration(calib, out / "calibration.png")
     plots = [plot_regret(cmp.results, cmp.oracle, out / "regret.png", comparator="oracle")]
     for n, res in cmp.results.items():
         plots.append(plot_arms(res, out / f"arms_{_safe(n)}.png"))
@@ -258,6 +270,75 @@ def main(args: argparse.Namespace) -> int:
         "ngram_check": wl.ngram_check,
         **cmp.as_dict(),
     }
+    if calib is not None:
+        summary["calibration"] = calib
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     console.print(f"plots: {', '.join(str(p) for p in plots)}\nsummary: {out / 'summary.json'}")
     return 0
+
+
+def replay_calibration(wl: Any, profile: Any, max_batch: int, seed: int = 0) -> dict[str, Any]:
+    """Replay the adaptive controller over ``wl`` recording its predictions; returns
+    :meth:`AdaptiveController.calibration <adaptive_spec.controller.AdaptiveController.calibration>`."""
+    from adaptive_spec.sim.policies import build_policy
+    from adaptive_spec.sim.replay import replay
+
+    props = [p for p in wl.proposers if p != "none"]
+    pol = build_policy(
+        "adaptive",
+        props,
+        wl.max_k,
+        requests=wl.requests,
+        profile=profile,
+        max_batch=max_batch,
+        seed=seed,
+    )
+    pol.record_calibration = True
+    replay(wl.requests, pol, profile, max_batch=max_batch, proposers=props)
+    return pol.calibration()
+
+
+def print_calibration(console: Any, calib: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    for name, c in calib.items():
+        t = Table(
+            title=f"acceptance calibration: {name} ({c['n']} judged positions, ECE {c['ece']:.3f})"
+        )
+        for col in ("position", "n", "predicted", "observed"):
+            t.add_column(col, justify="right")
+        for row in c["by_position"]:
+            t.add_row(
+                str(row["position"]),
+                str(row["n"]),
+                f"{row['predicted']:.3f}",
+                f"{row['observed']:.3f}",
+            )
+        console.print(t)
+
+
+def plot_calibration(calib: dict[str, Any], path: Path) -> Path | None:
+    """Reliability diagram: observed acceptance rate against predicted, one line per proposer."""
+    if not calib:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect")
+    for name, c in calib.items():
+        xs = [r["predicted"] for r in c["reliability"]]
+        ys = [r["observed"] for r in c["reliability"]]
+        ax.plot(xs, ys, "o-", label=f"{name} (ECE {c['ece']:.3f})")
+    ax.set_xlabel("predicted conditional acceptance")
+    ax.set_ylabel("observed acceptance rate")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.legend()
+    ax.set_title("Acceptance calibration (replay)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

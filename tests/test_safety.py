@@ -191,3 +191,16 @@ def test_tracker_resolves_counterfactual_drafts_as_tokens_arrive():
     fin = np.zeros(t.ring.shape[0], dtype=bool)
     fin[1] = True
     assert t.resolve(fin)[0][1][0] == 2
+
+
+def test_acceptance_is_calibrated_in_replay():
+    """Predicted conditional acceptance of the judged positions matches the observed rates (the
+    counts are calibrated by construction; the check is that nothing mislabels them)."""
+    reqs = make_requests(stationary(COPY, 6, 256) + stationary(WEAK, 6, 256), K, seed=8)
+    ctrl = AdaptiveController(["ngram"], K, cost_table=cpu_table())
+    ctrl.record_calibration = True
+    replay(reqs, ctrl, TableCostProfile(cpu_table()), max_batch=4)
+    cal = ctrl.calibration()["ngram"]
+    assert cal["n"] > 1000 and cal["ece"] < 0.05, cal
+    first = cal["by_position"][0]
+    assert abs(first["predicted"] - first["observed"]) < 0.05
