@@ -196,7 +196,9 @@ def test_tracker_resolves_counterfactual_drafts_as_tokens_arrive():
 def test_acceptance_is_calibrated_in_replay():
     """Predicted conditional acceptance of the judged positions matches the observed rates (the
     counts are calibrated by construction; the check is that nothing mislabels them)."""
-    reqs = make_requests(stationary(COPY, 6, 256) + stationary(WEAK, 6, 256), K, seed=8)
+    reqs = make_requests(stationary(COPY, 8, 256) + stationary(WEAK, 8, 256), K, seed=8)
+    order = np.random.default_rng(0).permutation(len(reqs))  # a stationary mixture of the two
+    reqs = [reqs[i] for i in order]
     ctrl = AdaptiveController(["ngram"], K, cost_table=cpu_table())
     ctrl.record_calibration = True
     replay(reqs, ctrl, TableCostProfile(cpu_table()), max_batch=4)
