@@ -1,0 +1,142 @@
+"""Step-cost calibration, cached and shipped tables, acceptance priors and held-out prompts."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from adaptive_spec import cost_tables
+from adaptive_spec.controller import AdaptiveController
+from adaptive_spec.cost_table import StepCostTable
+from adaptive_spec.vllm.calibrate import Calibration, plan_batches, plan_tokens
+from tests.conftest import tiny_prompts
+
+
+def test_calibration_plan():
+    assert plan_tokens(1, 8) == [0, 1, 2, 4, 8]
+    assert plan_tokens(4, 8) == [0, 1, 2, 4, 8, 16, 32]
+    assert plan_tokens(3, 4) == [0, 1, 2, 4, 8, 12]
+    assert plan_batches(4) == [1, 2, 4]
+    assert plan_batches(6) == [1, 2, 4, 6]
+    assert plan_batches(256) == [1, 2, 4, 8, 16, 32, 64]
+
+
+class _Req:
+    def __init__(self, rid, last=7):
+        self.request_id, self.all_token_ids, self.num_tokens = rid, [1, last], 2
+
+
+def test_calibration_drafts_spread_the_planned_tokens():
+    cal = Calibration(max_k=4, vocab_size=100, plan=[0, 5, 16, 99])
+    live = [_Req("a"), _Req("b"), _Req("c")]
+    cal.req_ids = {"a", "b", "c"}
+    assert [len(d) for d in cal.drafts(live)[1]] == [0, 0, 0]
+    ids, d = cal.drafts(live)
+    assert ids == ["a", "b", "c"] and [len(x) for x in d] == [2, 2, 1]
+    assert [len(x) for x in cal.drafts(live)[1]] == [4, 4, 4]  # 16 > 3 x 4: capped
+    assert all(0 <= t < 100 for x in d for t in x)
+    assert cal.drafts([_Req("other")]) == ([], [])
+
+
+def test_cached_table_roundtrip_and_key_matching(tmp_path, monkeypatch):
+    monkeypatch.setenv("ADAPTIVE_SPEC_CACHE", str(tmp_path))
+    key = {"model": "m", "dtype": "bfloat16", "threads": 2, "device": "cpu x"}
+    tab = StepCostTable.from_samples([4, 4], [0, 8], [0.02, 0.023], key=key)
+    assert cost_tables.cached_table(key) is None
+    path = cost_tables.save_cached_table(tab)
+    assert path is not None and path.exists()
+    back = cost_tables.cached_table(key)
+    assert back is not None and np.allclose(back.seconds, tab.seconds)
+    assert cost_tables.cached_table({**key, "threads": 1}) is None
+    path.write_text("{ not json")
+    assert cost_tables.cached_table(key) is None  # a bad file is skipped, never half-loaded
+
+
+def test_shipped_tables_and_priors_parse():
+    from adaptive_spec.priors import shipped_prior
+
+    for t in cost_tables.shipped_tables():
+        assert t.key.get("model") and (np.diff(t.seconds, axis=1) >= 0).all()
+        prior = shipped_prior(t.key)
+        if prior is not None:
+            ctrl = AdaptiveController(["ngram", "jacobi"], int(prior["max_k"]))
+            ctrl.acceptance.load_state_dict(prior)
+            a = ctrl.acceptance.table()
+            assert np.isfinite(a).all() and ((a >= 0) & (a <= 1)).all()
+
+
+def test_prior_prompts_are_held_out_from_the_benchmarks_and_the_main_job():
+    from adaptive_spec.workloads import CATEGORIES, PRIOR_SKIP, load_workload
+
+    prior = {p.source_id for p in load_workload("mixed", 48, skip=PRIOR_SKIP)}
+    used = {
+        p.source_id for p in load_workload("mixed", 64)
+    }  # the main job uses 32, bench at most 32
+    for cat in CATEGORIES:
+        used |= {p.source_id for p in load_workload(cat, 16)}
+    assert prior and not prior & used
+
+
+def test_compare_static_summary_pairs_rounds():
+    from adaptive_spec.compare_static import summarize_rounds
+
+    def r(i, g):
+        return {"round": i, "goodput_tok_s": g, "mean_accepted_length": 1.0}
+
+    s = summarize_rounds(
+        {
+            "none": [r(0, 100), r(1, 50)],
+            "table:x": [r(0, 110), r(1, 60)],
+            "adaptive": [r(0, 120), r(1, 55)],
+        },
+        "table:x",
+    )
+    assert s["configs"]["adaptive"]["ratio_to_none"] == pytest.approx((1.2 + 1.1) / 2)
+    assert s["configs"]["adaptive"]["ratio_to_baseline"] == pytest.approx((120 / 110 + 55 / 60) / 2)
+
+
+@pytest.mark.vllm
+def test_calibration_on_the_engine_measures_the_planned_cells_and_changes_nothing(
+    tiny_llm, tmp_path, monkeypatch
+):
+    from vllm import SamplingParams
+
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    monkeypatch.setenv("ADAPTIVE_SPEC_CACHE", str(tmp_path))
+    prompts = tiny_prompts(3, seed=4)
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+
+    def gen():
+        outs = tiny_llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    with AdaptiveSpec(tiny_llm, ["none"], policy="none", policy_state=None):
+        before = gen()
+    spec = AdaptiveSpec(
+        tiny_llm, ["none", "ngram"], policy="adaptive", policy_state=None, calibrate=True
+    )
+    try:
+        assert spec.cost_table_source == "calibrated now"
+        table = spec.policy.cost.table
+        assert table.source == "calibrated" and table.key["model"] == spec.engine_key["model"]
+        counts = table.counts
+        measured = {(int(b), int(v)) for b, v in zip(*np.nonzero(counts), strict=True)}
+        assert len(measured) >= 10  # batch sizes 1, 2, 4 x their V plans
+        assert (np.diff(table.seconds, axis=1) >= 0).all()
+        assert spec.driver.num_tracked() == 0 and spec.scheduler.get_num_unfinished_requests() == 0
+        assert gen() == before  # greedy identity after calibration, with the controller attached
+    finally:
+        spec.detach()
+    # The table was cached: the next attach finds it without measuring.
+    spec2 = AdaptiveSpec(tiny_llm, ["none", "ngram"], policy="adaptive", policy_state=None)
+    try:
+        assert spec2.cost_table_source == "calibrated earlier on this machine"
+    finally:
+        spec2.detach()
+    assert (
+        json.loads(next((tmp_path / "cost-tables").glob("*.json")).read_text())["source"]
+        == "calibrated"
+    )
