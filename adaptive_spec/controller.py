@@ -192,6 +192,11 @@ class AdaptiveController(SpecPolicy):
         self._thresholds = np.array([match_thresholds(p) for p in self.proposers]).reshape(P, 3)
         self._jacobi = self._pidx.get("jacobi", -1)
         self._prange = np.arange(P)
+        # Match bucket of every (proposer, match feature 0..63): one lookup per step.
+        feat = np.arange(64)
+        self._match_lut = np.minimum(
+            (feat[None, :, None] >= self._thresholds[:, None, :]).sum(axis=2), N_MATCH - 1
+        ).astype(np.int64)
         self._jpos = np.arange(max_k)
         self._jpos1 = self._jpos + 1
         self._rows_cache = np.arange(64)
@@ -207,6 +212,7 @@ class AdaptiveController(SpecPolicy):
         self._free: list[int] = []
         self._hist_rate = np.zeros((16, P))
         self._hist_n = np.zeros((16, P))
+        self._hist_b = np.zeros((16, P), dtype=np.int64)  # history bucket, kept up to date
         # The last decision, kept for observe (per row of the decided batch).
         self._pending: dict[str, Any] | None = None
         self._lam = 0.0
@@ -268,13 +274,14 @@ class AdaptiveController(SpecPolicy):
                 slot[rid] = s
                 if s >= self._hist_rate.shape[0]:
                     grow = max(2 * self._hist_rate.shape[0], s + 1)
-                    for name in ("_hist_rate", "_hist_n"):
+                    for name in ("_hist_rate", "_hist_n", "_hist_b"):
                         old = getattr(self, name)
-                        new = np.zeros((grow, old.shape[1]))
+                        new = np.zeros((grow, old.shape[1]), dtype=old.dtype)
                         new[: old.shape[0]] = old
                         setattr(self, name, new)
                 self._hist_rate[s] = 0.0
                 self._hist_n[s] = 0.0
+                self._hist_b[s] = 0
                 self.tracker.reset_slot(s, int(positions[i]))
             out[i] = s
         self.tracker.ensure(int(out.max()) + 1 if len(out) else 0)
@@ -348,12 +355,10 @@ class AdaptiveController(SpecPolicy):
             drafts[rows_f, cols_f] = np.concatenate(parts)
         drafts = drafts.reshape(N, P, K)
         avail = np.minimum(lens.reshape(N, P), cap[:, None])
-        ml = np.array(mlen, dtype=np.int64).reshape(N, P)
-        match = np.minimum(
-            (ml[:, :, None] >= self._thresholds[None, :, :]).sum(axis=2), N_MATCH - 1
-        )
+        ml = np.minimum(np.array(mlen, dtype=np.int64).reshape(N, P), 63)
+        match = self._match_lut[self._prange[None, :], ml]  # [N, P] match bucket
         slots = self._slots_for(req_ids, pos)
-        hist = history_bucket(self._hist_rate[slots], self._hist_n[slots])  # [N, P]
+        hist = self._hist_b[slots]  # [N, P]
         cells = self.acceptance.cell(self._prange[None, :], temp[:, None], hist, match)  # [N, P]
         alpha = self._alpha_table()[cells]  # [N, P, K]
         offered = self._jpos[None, None, :] < avail[:, :, None]
@@ -636,8 +641,10 @@ class AdaptiveController(SpecPolicy):
         w = self.ema_weight
         cur = self._hist_rate[slots, pi]
         first = self._hist_n[slots, pi] == 0
-        self._hist_rate[slots, pi] = np.where(first, rate, (1 - w) * cur + w * rate)
+        new_rate = np.where(first, rate, (1 - w) * cur + w * rate)
+        self._hist_rate[slots, pi] = new_rate
         self._hist_n[slots, pi] += 1
+        self._hist_b[slots, pi] = history_bucket(new_rate, np.ones_like(new_rate))
 
     # -- other verbs --------------------------------------------------------------------------------
     def drafter_preference(self, req_id: str, candidates: list[str]) -> str | None:
