@@ -607,7 +607,7 @@ class SuffixProposer(Proposer):
             raise ValueError(f"scope={scope!r} is invalid; allowed: {', '.join(SCOPES)}")
         if scope == "tenant" and tenant_of is None:
             raise ValueError(
-                "tenant_of=None is invalid with scope='tenant'; allowed: a mapping or a callable "
+                "tenant_of=None is invalid; allowed with scope='tenant': a mapping or a callable "
                 "request id -> tenant key"
             )
         if tenant_of is not None and not (isinstance(tenant_of, Mapping) or callable(tenant_of)):
