@@ -634,6 +634,22 @@ class SuffixProposer(Proposer):
         self.evicted = 0
         self.last_features: dict[str, SuffixFeatures] = {}
 
+    def config(self) -> dict[str, Any]:
+        """The constructor parameters (JSON values; ``tenant_of`` is left out): what a replay needs to
+        rebuild this proposer (``SuffixProposer(**config)`` for ``scope="engine"``)."""
+        return {
+            "max_k": self.max_k,
+            "max_depth": self.max_depth,
+            "max_spec_factor": self.max_spec_factor,
+            "max_spec_offset": self.max_spec_offset,
+            "min_token_prob": self.min_token_prob,
+            "token_budget": self.token_budget,
+            "window": self.window,
+            "local": self.local,
+            "scope": self.scope,
+            "max_states": self.max_states,
+        }
+
     # -- request state -------------------------------------------------------------------------
     def _tenant(self, rid: str) -> str:
         if self.scope != "tenant":

@@ -146,7 +146,7 @@ class AdaptiveSpec:
     llm : vllm.LLM
         Built with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine core in this process).
     proposers : sequence of str
-        Arms' proposers among ``none``, ``ngram``, ``jacobi``, ``draft`` (the engine's draft model; needs
+        Arms' proposers among ``none``, ``ngram``, ``jacobi``, ``suffix``, ``draft`` (the engine's draft model; needs
         a draft-model engine) and ``lora:<name>`` (the draft model with LoRA adapter ``name`` from
         ``lora_adapters``; needs ``method="draft_model"``).
     lora_adapters : mapping, optional
@@ -170,6 +170,11 @@ class AdaptiveSpec:
         Seeds the policy.
     ngram_min, ngram_max : int
         n-gram sizes of the prompt-lookup proposer.
+    suffix : mapping, optional
+        Options of the ``suffix`` proposer (:class:`~adaptive_spec.proposers.SuffixProposer`'s
+        parameters but ``max_k``, e.g. ``{"token_budget": 65536}``). ``{"scope": "tenant"}`` without a
+        ``tenant_of`` keys the global index by the request's LoRA adapter name (requests without one
+        share an index).
 
     Raises
     ------
@@ -177,7 +182,8 @@ class AdaptiveSpec:
         For an engine it cannot drive: another vLLM version, a multiprocess engine core, the V2 model
         runner, no speculative config, or an unsupported speculative method.
     ValueError
-        For an unknown proposer or policy name, ``draft`` without a draft model, ``lora:<name>``
+        For an unknown proposer or policy name, invalid ``suffix`` options, ``draft`` without a draft
+        model, ``lora:<name>``
         without adapter ``name`` in ``lora_adapters`` or without a ``draft_model`` engine, or an adapter
         that does not fit the draft (rank, layers or shapes; raised at registration).
     """
@@ -195,6 +201,7 @@ class AdaptiveSpec:
         ngram_min: int = 2,
         ngram_max: int = 4,
         lora_adapters: Mapping[str, Any] | None = None,
+        suffix: Mapping[str, Any] | None = None,
     ) -> None:
         import vllm
 
@@ -225,7 +232,8 @@ class AdaptiveSpec:
         proposers = list(dict.fromkeys(proposers))
         if not proposers:
             raise ValueError(
-                "proposers=[] is invalid; allowed: a non-empty subset of none, ngram, jacobi, draft"
+                "proposers=[] is invalid; allowed: a non-empty subset of none, ngram, jacobi, suffix, "
+                "draft"
             )
         lora_adapters = dict(lora_adapters or {})
         for p in proposers:
@@ -282,6 +290,8 @@ class AdaptiveSpec:
                 ) from None
         if "jacobi" in proposers:
             self.proposers["jacobi"] = JacobiProposer(max_k=self.max_k)
+        if "suffix" in proposers:
+            self.proposers["suffix"] = self._make_suffix(suffix)
         # Draft-model proposers: the base draft and its LoRA adapters share the engine's one drafter.
         self.drafter_family = [p for p in proposers if p == "draft" or p.startswith("lora:")]
         self.lora = None
@@ -323,6 +333,10 @@ class AdaptiveSpec:
                         "model": str(core.vllm_config.model_config.model),
                         "dtype": str(core.vllm_config.model_config.dtype),
                         "threads": os.environ.get("OMP_NUM_THREADS"),
+                        # what a replay needs to recompute the suffix drafts (sim.counterfactual)
+                        "suffix": self.proposers["suffix"].config()
+                        if "suffix" in self.proposers
+                        else None,
                     },
                 },
             )
@@ -344,6 +358,29 @@ class AdaptiveSpec:
         self._originals: list[tuple[Any, str, bool, Any]] = []
         self._attached = False
         self._attach()
+
+    def _make_suffix(self, options: Mapping[str, Any] | None) -> Any:
+        from adaptive_spec.proposers import SuffixProposer
+
+        opts = dict(options or {})
+        if "max_k" in opts:
+            raise ValueError(
+                f"suffix={options!r} is invalid: max_k is the engine's num_speculative_tokens; "
+                "allowed: SuffixProposer's other parameters"
+            )
+        if opts.get("scope") == "tenant" and opts.get("tenant_of") is None:
+            opts["tenant_of"] = self._lora_name_of
+        try:
+            return SuffixProposer(max_k=self.max_k, **opts)
+        except TypeError as e:
+            raise ValueError(
+                f"suffix={options!r} is invalid ({e}); allowed: SuffixProposer's parameters"
+            ) from None
+
+    def _lora_name_of(self, req_id: str) -> str | None:
+        """The LoRA adapter of a request (the suffix proposer's tenant with ``scope="tenant"``)."""
+        r = self.scheduler.requests.get(req_id)
+        return getattr(getattr(r, "lora_request", None), "lora_name", None)
 
     @classmethod
     def attach_engine_core(

@@ -72,7 +72,7 @@ class ServeConfig:
     Parameters
     ----------
     proposers : tuple of str
-        Arms' proposers (``none``, ``ngram``, ``jacobi``, ``draft``), as for ``AdaptiveSpec``.
+        Arms' proposers (``none``, ``ngram``, ``jacobi``, ``suffix``, ``draft``), as for ``AdaptiveSpec``.
     policy : str
         A policy name for :func:`adaptive_spec.policies.make_policy` (checked at attach time).
     state : Path, optional
@@ -114,7 +114,7 @@ class ServeConfig:
         if isinstance(self.proposers, str) or not self.proposers:
             raise ValueError(
                 f"proposers={self.proposers!r} is invalid ({self.source}); allowed: a non-empty list of "
-                "none, ngram, jacobi, draft"
+                "none, ngram, jacobi, suffix, draft"
             )
         for p in self.proposers:
             try:
