@@ -148,3 +148,23 @@ def test_tenant_scope_needs_the_tenants(tmp_path: Path) -> None:
         suffix_counterfactual(trace)
     res = check_logged(trace, suffix_counterfactual(trace, tenant_of=tenants), "suffix")
     assert res["compared"] > 0 and res["equal"] == res["compared"]
+
+
+def test_bench_module_measures_cost_and_coverage(tmp_path: Path, capsys) -> None:
+    from adaptive_spec.proposers import bench_suffix
+
+    path = tmp_path / "t.jsonl"
+    record_engine_like_trace(path)
+    cov = bench_suffix.coverage_on_trace(path)
+    assert cov["decisions"] > 0 and cov["positions"] > 0
+    for key in ("suffix_at_decisions", "ngram_at_decisions", "suffix_every_position"):
+        assert 0 <= cov[key] <= 1
+    assert cov["suffix_every_position"] > cov["ngram_every_position"]  # the shared text pays
+    assert cov["suffix_accepted_per_position"] > cov["ngram_accepted_per_position"]
+    rows = bench_suffix.cost_table(
+        bench_suffix.trace_streams(path), concurrencies=(1, 4), repeats=1, arctic=False
+    )
+    assert {r["config"] for r in rows} >= {"suffix", "ngram (prompt lookup)"}
+    assert all(r["steps"] > 0 and r["cpu_min_us"] > 0 for r in rows)
+    assert bench_suffix.main(["--trace", str(path), "--repeats", "1", "--no-arctic"]) == 0
+    assert "suffix_at_decisions" in capsys.readouterr().out

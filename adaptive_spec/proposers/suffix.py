@@ -186,20 +186,20 @@ class _TrieIndex:
         """The sequence will not grow any more: drop its active suffixes (its text stays indexed)."""
         self._act.pop(sid, None)
 
-    def _node(self, count: int) -> int:
+    def _node(self, count: int, ch: dict[int, int], cont: int, btok: int, bcnt: int) -> int:
         if self._free:
             u = self._free.pop()
-            self._ch[u] = {}
+            self._ch[u] = ch
             self._cnt[u] = count
-            self._cont[u] = 0
-            self._btok[u] = 0
-            self._bcnt[u] = 0
+            self._cont[u] = cont
+            self._btok[u] = btok
+            self._bcnt[u] = bcnt
             return u
-        self._ch.append({})
+        self._ch.append(ch)
         self._cnt.append(count)
-        self._cont.append(0)
-        self._btok.append(0)
-        self._bcnt.append(0)
+        self._cont.append(cont)
+        self._btok.append(btok)
+        self._bcnt.append(bcnt)
         return len(self._ch) - 1
 
     def _bump_best(self, u: int, x: int, k: int) -> None:
@@ -269,18 +269,15 @@ class _TrieIndex:
         make it a node, and move the old occurrence's continuation to a leaf below it."""
         packed = ~leaf
         s2, i2 = packed >> 32, packed & _MASK
-        c = self._node(2)
-        chs = self._ch
-        chs[u][x] = c  # type: ignore[index]
         d = m + 1
         t2 = self._text[s2]
         acc = len(t2)
-        if d < self.depth and i2 + 1 < acc:
+        if d < self.depth and i2 + 1 < acc:  # the old occurrence goes on: its own leaf below
             y = t2[i2 + 1]
-            chs[c] = {y: ~((s2 << 32) | (i2 + 1))}
-            self._cont[c] = 1
-            self._btok[c] = y
-            self._bcnt[c] = 1
+            c = self._node(2, {y: ~((s2 << 32) | (i2 + 1))}, 1, y, 1)
+        else:
+            c = self._node(2, {}, 0, 0, 0)
+        self._ch[u][x] = c  # type: ignore[index]
         act2 = self._act.get(s2)
         if act2 is not None:  # the old occurrence's sequence has an active suffix inside this edge
             j = acc - 1 - i2  # ... of length d + j (it ends at that sequence's last token)
@@ -479,6 +476,7 @@ class _Request:
     tenant: str
     local: Any  # _TrieIndex | _ScanIndex | None
     gsid: int | None  # sequence id in the tenant's global index; None when not (or no longer) there
+    gentry: list[Any] | None  # its first-seen-order entry: [tokens, request id]
     base: int  # history position of the first indexed token
     n: int = 0  # tokens indexed
     last: int = 0  # last token indexed
@@ -674,15 +672,15 @@ class SuffixProposer(Proposer):
         if self.local:
             local = self._index_cls(self.max_depth)
             local.add(0)
-        gsid = None
+        gsid, entry = None, None
         if self.token_budget > 0:
             gsid = self._new_sid(tenant)
             tree = self._trees.get(tenant)
             if tree is None:
                 tree = self._trees[tenant] = self._index_cls(self.max_depth)
             tree.add(gsid)
-            self._fifo[(tenant, gsid)] = [0, rid]
-        st = _Request(tenant, local, gsid, max(0, n - self.window))
+            entry = self._fifo[(tenant, gsid)] = [0, rid]
+        st = _Request(tenant, local, gsid, entry, max(0, n - self.window))
         self._states[rid] = st
         while len(self._states) > self.max_states:
             self._release(next(iter(self._states)))
@@ -709,7 +707,7 @@ class SuffixProposer(Proposer):
                 st.local.extend(0, new)
             if st.gsid is not None:
                 self._trees[st.tenant].extend(st.gsid, new)
-                self._fifo[(st.tenant, st.gsid)][0] += len(new)
+                st.gentry[0] += len(new)  # type: ignore[index]
                 self._global_tokens += len(new)
             st.n += len(new)
             st.last = new[-1]
@@ -727,7 +725,7 @@ class SuffixProposer(Proposer):
             if rid is not None:
                 st = self._states.get(rid)
                 if st is not None and st.gsid == sid and st.tenant == tenant:
-                    st.gsid = None  # the request keeps its local index
+                    st.gsid, st.gentry = None, None  # the request keeps its local index
             if len(tree) == 0:
                 del self._trees[tenant]
 
@@ -735,10 +733,8 @@ class SuffixProposer(Proposer):
         st = self._states.pop(rid, None)
         if st is None or st.gsid is None:
             return
-        entry = self._fifo.get((st.tenant, st.gsid))
-        if entry is not None:
-            entry[1] = None
-            self._trees[st.tenant].finish(st.gsid)
+        st.gentry[1] = None  # type: ignore[index]
+        self._trees[st.tenant].finish(st.gsid)
 
     # -- drafting ------------------------------------------------------------------------------
     def _draft(self, st: _Request, cap: int, vocab: int) -> tuple[np.ndarray, SuffixFeatures]:
