@@ -117,7 +117,7 @@ configs = st.fixed_dictionaries(
         "min_token_prob": st.sampled_from([0.0, 0.1, 0.3, 0.9]),
         "token_budget": st.sampled_from([0, 10, 40, 1000]),
         "window": st.sampled_from([1, 5, 100]),
-        "local": st.booleans(),
+        "local": st.sampled_from(["fallback", "always", "never"]),
     }
 )
 
@@ -248,14 +248,14 @@ def test_reference_counts_by_brute_force() -> None:
 
 # -- behaviour -----------------------------------------------------------------------------------
 def test_frequency_picks_the_most_common_continuation() -> None:
-    p = SuffixProposer(max_k=4, local=False)
+    p = SuffixProposer(max_k=4, local="never")
     for i, nxt in enumerate([7, 7, 8]):
         p.propose([_req(f"h{i}", [1, 2, 3, nxt, 9, 9])], [4])
     d = p.propose([_req("q", [5, 2, 3])], [4])[0]
     f = p.last_features["q"]
     assert d.tolist() == [7, 9] and f.match_length == 2  # the draft budget is the match length
     assert f.probability == pytest.approx(2 / 3) and f.score == pytest.approx(4 / 3)
-    p2 = SuffixProposer(max_k=4, local=False, max_spec_factor=4.0)
+    p2 = SuffixProposer(max_k=4, local="never", max_spec_factor=4.0)
     for i, nxt in enumerate([7, 7, 8]):
         p2.propose([_req(f"h{i}", [1, 2, 3, nxt, 9, 9])], [4])
     d = p2.propose([_req("q", [5, 2, 3])], [4])[0]
@@ -264,7 +264,7 @@ def test_frequency_picks_the_most_common_continuation() -> None:
 
 
 def test_min_token_prob_stops_the_draft() -> None:
-    p = SuffixProposer(max_k=4, local=False, min_token_prob=0.7)
+    p = SuffixProposer(max_k=4, local="never", min_token_prob=0.7)
     for i, nxt in enumerate([7, 7, 8]):
         p.propose([_req(f"h{i}", [1, 2, 3, nxt])], [4])
     assert p.propose([_req("q", [2, 3])], [4])[0].tolist() == []  # 2/3 < 0.7
@@ -272,7 +272,7 @@ def test_min_token_prob_stops_the_draft() -> None:
 
 
 def test_own_text_is_preferred_when_it_scores_higher() -> None:
-    p = SuffixProposer(max_k=4)
+    p = SuffixProposer(max_k=4, local="always")
     for i in range(5):
         p.propose([_req(f"h{i}", [1, 2, 3, 4, 7, 7])], [4])
     own = [1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4]
@@ -298,15 +298,17 @@ def test_only_new_tokens_are_indexed_each_step(monkeypatch) -> None:
         return orig(self, sid, tokens)
 
     monkeypatch.setattr(_TrieIndex, "extend", spy)
-    p = SuffixProposer(max_k=4)
-    toks = list(np.random.default_rng(0).integers(0, 50, 300))
-    p.propose([_req("a", toks[:100])], [4])
-    assert seen == [100, 100]  # local + global
-    for n in range(101, 300, 3):
+    for local, per in (("always", 2), ("fallback", 1)):  # local + global, or global only
+        p = SuffixProposer(max_k=4, local=local)
+        toks = list(np.random.default_rng(0).integers(0, 50, 300))
         seen.clear()
-        p.propose([_req("a", toks[:n])], [4])
-        p.match_length(_req("a", toks[:n]))
-        assert seen in ([1, 1], [3, 3])
+        p.propose([_req("a", toks[:100])], [4])
+        assert seen == [100] * per
+        for n in range(101, 300, 3):
+            seen.clear()
+            p.propose([_req("a", toks[:n])], [4])
+            p.match_length(_req("a", toks[:n]))
+            assert seen in ([1] * per, [3] * per)
 
 
 def test_memory_bound_holds_under_a_long_stream() -> None:
@@ -364,14 +366,14 @@ def test_eviction_never_breaks_a_running_request() -> None:
 
 def test_tenant_scope_isolates_tenants() -> None:
     tenants = {"a1": "A", "a2": "A", "b1": "B"}
-    p = SuffixProposer(max_k=4, local=False, scope="tenant", tenant_of=tenants)
+    p = SuffixProposer(max_k=4, local="never", scope="tenant", tenant_of=tenants)
     secret = [11, 12, 13, 14, 15, 16, 17, 18]
     p.propose([_req("a1", secret)], [4])
     p.release("a1")
     assert p.propose([_req("b1", secret[:4])], [4])[0].tolist() == []  # B never sees A's text
     assert p.propose([_req("a2", secret[:4])], [4])[0].tolist() == [15, 16, 17, 18]
     assert p.stats()["tenants"] == 2
-    shared = SuffixProposer(max_k=4, local=False)  # the default: one index for the engine
+    shared = SuffixProposer(max_k=4, local="never")  # the default: one index for the engine
     shared.propose([_req("a1", secret)], [4])
     assert shared.propose([_req("b1", secret[:4])], [4])[0].tolist() == [15, 16, 17, 18]
 
@@ -382,7 +384,7 @@ def test_tenant_of_callable_and_failures_fall_back_to_the_shared_tenant() -> Non
             raise KeyError(rid)
         return None if rid.startswith("n") else rid[0]
 
-    p = SuffixProposer(max_k=4, local=False, scope="tenant", tenant_of=tenant)
+    p = SuffixProposer(max_k=4, local="never", scope="tenant", tenant_of=tenant)
     p.propose([_req("x1", [1, 2, 3, 4, 5])], [4])
     assert p.propose([_req("n1", [2, 3])], [4])[0].tolist() == [4, 5]  # both in ""
     assert p.propose([_req("a1", [2, 3])], [4])[0].tolist() == []
@@ -429,7 +431,7 @@ def test_features_document_the_draft() -> None:
     d = p.propose([r], [8])[0]
     f = p.features(r)
     assert f is p.last_features["a"]  # cached: nothing changed since propose
-    assert d.tolist() == [6, 1, 3] and f.match_length == 3 and f.source == "local"
+    assert d.tolist() == [6, 1, 3] and f.match_length == 3 and f.source == "global"
     assert f.probs.dtype == np.float64 and f.probs.shape == (3,)
     assert f.probability == f.probs[0] == 1.0 and f.score == 3.0
     assert f.as_tuple() == (3, 1.0) and p.match_length(r) == 3

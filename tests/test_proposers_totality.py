@@ -28,7 +28,7 @@ FACTORIES = {
         max_k=5, max_depth=3, token_budget=30, window=64, max_spec_factor=4.0, min_token_prob=0.0
     ),
     "suffix_tenant": lambda: SuffixProposer(
-        max_k=8, window=256, local=False, scope="tenant", tenant_of={"a": "t1", "b": "t2"}
+        max_k=8, window=256, local="never", scope="tenant", tenant_of={"a": "t1", "b": "t2"}
     ),
 }
 
@@ -126,6 +126,7 @@ def test_budget_caps_the_draft(name) -> None:
         ("suffix", dict(max_depth=0), "max_depth"),
         ("suffix", dict(token_budget=-5), "token_budget"),
         ("suffix", dict(scope="global"), "scope"),
+        ("suffix", dict(local=True), "local"),
     ],
 )
 def test_bad_configuration_is_refused_naming_the_parameter(name, kw, param) -> None:

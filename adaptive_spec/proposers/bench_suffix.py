@@ -17,7 +17,7 @@
    (:func:`adaptive_spec.sim.counterfactual.suffix_counterfactual`), n-gram recomputed at the same
    positions; plus, for every output position with requests taken one after another in the trace's
    order, the same share and the mean accepted length of the full draft against the recorded output
-   (greedy: the longest common prefix), for suffix, suffix without its local index, and n-gram.
+   (greedy: the longest common prefix), for suffix, suffix with ``local="always"``, and n-gram.
 
 Times are of this machine at that moment: compare the rows of one table, not absolute numbers.
 """
@@ -198,7 +198,7 @@ def cost_table(
     """Median cost per configuration and concurrency over ``repeats`` interleaved rounds."""
     makers: dict[str, Callable[[], Any]] = {
         "suffix": lambda: SuffixProposer(max_k=max_k),
-        "suffix local=False": lambda: SuffixProposer(max_k=max_k, local=False),
+        "suffix local='always'": lambda: SuffixProposer(max_k=max_k, local="always"),
         "ngram (prompt lookup)": lambda: NgramProposer(max_k=max_k),
     }
     if arctic:
@@ -253,7 +253,7 @@ def coverage_on_trace(path: str | Path, max_k: int | None = None) -> dict[str, f
     # every output position, requests one after another in the trace's order
     props = {
         "suffix": SuffixProposer(max_k=k),
-        "suffix_local_false": SuffixProposer(max_k=k, local=False),
+        "suffix_local_always": SuffixProposer(max_k=k, local="always"),
         "ngram": NgramProposer(max_k=k),
     }
     hits = dict.fromkeys(props, 0)
