@@ -241,8 +241,10 @@ class _TrieIndex:
         act = self._act[sid]
         depth = self.depth
         chs, cnt, cont, btok, bcnt = self._ch, self._cnt, self._cont, self._btok, self._bcnt
+        hi = sid << 32
         for x in tokens:
             n = len(text)
+            leaf = ~(hi | n)  # the edge to a new unique string: it continues at this token
             j = len(act) - 1
             stop = j - min(n, depth - 1)  # entries j >= stop: the suffixes of length 0..depth - 1
             while j >= stop:
@@ -252,8 +254,7 @@ class _TrieIndex:
                 ch = chs[u]
                 c = ch.get(x)  # type: ignore[union-attr]
                 if c is None:
-                    c = ~((sid << 32) | n)
-                    ch[x] = c  # type: ignore[index]
+                    c = ch[x] = leaf  # type: ignore[index]
                     k = 1
                 elif c >= 0:
                     k = cnt[c] + 1
