@@ -338,9 +338,10 @@ class _TrieIndex:
         """Best draft for the active sequence ``sid`` whose score is above ``beat`` (else none).
 
         Same result as trying every match length in increasing order and keeping the best score
-        (ties: the longer match); here the longest match is tried first and a shorter one is skipped
-        when ``budget x its first probability`` (an upper bound of its score, probabilities never
-        increase along a draft) cannot beat the best so far.
+        (ties: the longer match); here the longest match is tried first, and a shorter one is skipped
+        when ``budget x its first probability`` (an upper bound of its score: probabilities never
+        increase along a draft) cannot beat the best so far, and the search stops when no shorter
+        match's budget can.
         """
         act = self._act.get(sid)
         if act is None or k <= 0:
@@ -356,8 +357,11 @@ class _TrieIndex:
         best = _NO_DRAFT
         top = beat
         for m in range(h, 0, -1):
-            room = min(k, int(m * factor + offset + 1e-6), depth - m)
-            if room <= 0 or room <= top:
+            budget = min(k, int(m * factor + offset + 1e-6))
+            if budget <= top:
+                break  # shorter matches have no larger budget: none can score higher
+            room = min(budget, depth - m)
+            if room <= top:
                 continue
             u = act[-1 - m]
             if bcnt[u] < 0:
