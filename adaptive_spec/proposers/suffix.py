@@ -638,7 +638,7 @@ class SuffixProposer(Proposer):
         self.backend = backend
         self.max_states = _check_int("max_states", max_states, 1)
         self._index_cls = _TrieIndex if backend == "trie" else _ScanIndex
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         self._states: OrderedDict[str, _Request] = OrderedDict()
         self._trees: dict[str, Any] = {}  # tenant -> global index
         # global sequences in first-seen order: (tenant, sid) -> [tokens, request id or None]
@@ -707,7 +707,9 @@ class SuffixProposer(Proposer):
     def _ingest(self, rid: str, request: ProposalRequest) -> tuple[_Request | None, np.ndarray]:
         """Index the tokens of ``request`` (id ``rid``) not seen before; returns its state (None:
         nothing to index) and its tokens."""
-        toks = as_tokens(request.token_ids)
+        toks = request.token_ids
+        if type(toks) is not np.ndarray or toks.dtype != np.int64 or toks.ndim != 1:
+            toks = as_tokens(toks)
         n = int(toks.shape[0])
         st = self._states.get(rid)
         if st is not None and (n < st.base + st.n or int(toks[st.base + st.n - 1]) != st.last):
@@ -801,7 +803,12 @@ class SuffixProposer(Proposer):
             feats: dict[str, SuffixFeatures] = {}
             states = self._states
             for r, rid, k, (st, toks) in zip(requests, rids, kl, seen, strict=True):
-                cap = draft_cap(r, k, self.max_k)
+                m = r.max_new_tokens
+                cap = (
+                    max(0, min(k, self.max_k, m - 1))
+                    if type(m) is int
+                    else draft_cap(r, k, self.max_k)
+                )
                 d, f = EMPTY, NO_FEATURES
                 # (a request id given twice with different histories: only the last one drafts)
                 if (
@@ -811,7 +818,8 @@ class SuffixProposer(Proposer):
                     and st is states.get(rid)
                     and int(toks[-1]) == st.last
                 ):
-                    d, f = self._draft(st, cap, as_int(r.vocab_size))
+                    v = r.vocab_size
+                    d, f = self._draft(st, cap, v if type(v) is int else as_int(v))
                 out.append(d)
                 feats[rid] = f
             self.last_features = feats
@@ -822,7 +830,11 @@ class SuffixProposer(Proposer):
         budget); cached from the last :meth:`propose` when nothing changed. Indexes the request's new
         tokens like :meth:`propose`. Never raises on request content."""
         rid = str(request.req_id)
-        cap = draft_cap(request, self.max_k, self.max_k)
+        m = request.max_new_tokens
+        cap = (
+            min(self.max_k, m - 1) if type(m) is int else draft_cap(request, self.max_k, self.max_k)
+        )
+        cap = max(cap, 0)
         with self._lock:
             st = self._states.get(rid)
             c = None if st is None else st.cached
@@ -830,7 +842,7 @@ class SuffixProposer(Proposer):
                 # nothing changed since the draft was made, if the request's history did not either
                 ids = request.token_ids
                 if (
-                    isinstance(ids, np.ndarray)
+                    type(ids) is np.ndarray
                     and ids.ndim == 1
                     and ids.dtype.kind in "iu"
                     and ids.shape[0] == st.base + st.n  # type: ignore[union-attr]
