@@ -211,12 +211,6 @@ class _TrieIndex:
         self._bcnt.append(bcnt)
         return len(self._ch) - 1
 
-    def _bump_best(self, u: int, x: int, k: int) -> None:
-        b = self._bcnt[u]
-        if b >= 0 and (k > b or (k == b and x < self._btok[u])):
-            self._btok[u] = x
-            self._bcnt[u] = k
-
     def _best(self, u: int) -> None:
         bt, bc = 0, 0
         cnt = self._cnt
