@@ -10,14 +10,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-BASE_PROPOSERS = ("none", "ngram", "jacobi", "draft")
+BASE_PROPOSERS = ("none", "ngram", "jacobi", "suffix", "draft")
 _LORA = re.compile(r"^lora:[A-Za-z0-9_.\-]+$")
 
 
 def check_proposer_name(name: str) -> str:
     """Return ``name`` if it is a known proposer name, else raise ``ValueError``.
 
-    Known names: ``none``, ``ngram``, ``jacobi``, ``draft`` and ``lora:<adapter>``.
+    Known names: ``none``, ``ngram``, ``jacobi``, ``suffix``, ``draft`` and ``lora:<adapter>``.
     """
     if not isinstance(name, str) or not (name in BASE_PROPOSERS or _LORA.match(name)):
         raise ValueError(

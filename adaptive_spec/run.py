@@ -78,7 +78,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--proposers",
         default="none,ngram,jacobi",
-        help="comma-separated proposers the controller may choose: none, ngram, jacobi, draft (the draft "
+        help="comma-separated proposers the controller may choose: none, ngram, jacobi, suffix, draft (the draft "
         "model), lora:<name> (the draft model with LoRA adapter <name>), lora (every available adapter) "
         "(default none,ngram,jacobi; draft and lora load the shipped distilled draft unless --draft-model "
         "is given)",
@@ -246,7 +246,7 @@ def resolve_drafts(
     return list(dict.fromkeys(out)), adapters
 
 
-_PROPOSER_FLAG_ALLOWED = "comma-separated none, ngram, jacobi, draft, lora, lora:<adapter>"
+_PROPOSER_FLAG_ALLOWED = "comma-separated none, ngram, jacobi, suffix, draft, lora, lora:<adapter>"
 
 
 def check_proposers_flag(text: str) -> list[str]:

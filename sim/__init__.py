@@ -23,6 +23,7 @@ from .counterfactual import (
     expected_accepted_length,
     ngram_counterfactual,
     read_counterfactuals,
+    suffix_counterfactual,
     torch_causal_lm,
     write_counterfactuals,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "replay",
     "requests_from_trace",
     "step_features",
+    "suffix_counterfactual",
     "torch_causal_lm",
     "write_counterfactuals",
 ]

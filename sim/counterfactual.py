@@ -8,6 +8,12 @@ after the fact:
   prefix ``prompt + output[:n]`` for every ``n`` (:func:`ngram_counterfactual`); the result equals the
   drafts the engine logged (``cf_drafts``) at the positions it decided at, which :func:`check_logged`
   verifies.
+* **suffix** (stateful: its global index holds every request's text seen so far): replay the recorded
+  steps in order, each decision point's batch (the rows that carry ``cf_drafts``) proposed together
+  with each request's prefix ``prompt + output[:n]``, finished requests released after their last step
+  (:func:`suffix_counterfactual`); this rebuilds the engine's index exactly, so the drafts equal the
+  logged ones, but only at the positions the recorded run decided at (others stay unknown, as for
+  Jacobi).
 * **Jacobi** (stateful: its iterate comes from the previous verification): only the drafts the
   recorded run logged are known, at the positions it decided at (:func:`logged_only`). A replay that
   reaches another position sees no Jacobi draft there (documented limit, ``docs/replay.md``).
@@ -31,7 +37,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +114,98 @@ def ngram_counterfactual(
         table.append(np.asarray(d, dtype=np.int64))
         feats[n] = int(prop.match_length(r)) if len(d) else 0
     return table, feats
+
+
+def suffix_counterfactual(
+    trace: Trace,
+    *,
+    options: Mapping[str, Any] | None = None,
+    tenant_of: Any = None,
+) -> Counterfactuals:
+    """Recompute the suffix proposer's drafts of a recorded run, at the positions it decided at.
+
+    The proposer's global index depends on every request's text seen so far, so the trace is replayed
+    in its own order: for each step, the requests whose row has ``cf_drafts`` were decided together
+    after the previous step (their history then was ``prompt + output[:num_output_before]``); they are
+    proposed as one batch, then the step's finished requests are released, as in
+    :class:`adaptive_spec.vllm.AdaptiveSpec`.
+
+    Parameters
+    ----------
+    trace : Trace
+        A trace recorded with the ``suffix`` proposer (its header's ``meta.suffix`` holds the proposer's
+        :meth:`~adaptive_spec.proposers.SuffixProposer.config`).
+    options : mapping, optional
+        SuffixProposer parameters overriding the header's (``max_k`` is the header's ``max_k``): replay
+        another configuration of the proposer on the same traffic.
+    tenant_of : mapping or callable, optional
+        Request id -> tenant, for ``scope="tenant"`` (the trace does not record tenants).
+
+    Returns
+    -------
+    Counterfactuals
+        ``tables[req_id]["suffix"]`` (int64 drafts at decided positions, None elsewhere),
+        ``features[req_id]["suffix"]`` (the ``match_length`` feature there, 0 elsewhere), source
+        ``rerun``.
+
+    Raises
+    ------
+    ValueError
+        When the header has no valid ``max_k``, or for invalid proposer options (``scope="tenant"``
+        without ``tenant_of``).
+    """
+    from adaptive_spec.proposers import ProposalRequest, SuffixProposer
+
+    max_k = trace.header.get("max_k")
+    if not isinstance(max_k, int) or max_k < 1:
+        raise ValueError(f"trace header max_k={max_k!r}; expected an integer >= 1")
+    opts = dict((trace.header.get("meta") or {}).get("suffix") or {})
+    opts.update(options or {})
+    opts["max_k"] = max_k
+    if tenant_of is not None:
+        opts["tenant_of"] = tenant_of
+    prop = SuffixProposer(**opts)
+    outs = outputs_from_trace(trace)
+    prompts = {
+        rid: np.asarray(meta.get("prompt_token_ids") or [], dtype=np.int64)
+        for rid, meta in trace.requests.items()
+    }
+    vocab = 1 + max(
+        [int(o.max(initial=0)) for o in outs.values()]
+        + [int(p.max(initial=0)) for p in prompts.values()]
+    )
+    cf = Counterfactuals(sources={"suffix": "rerun"})
+    for rid, out in outs.items():
+        if out.size:
+            cf.tables[rid] = {"suffix": [None] * int(out.size)}
+            cf.features[rid] = {"suffix": np.zeros(int(out.size), dtype=np.int64)}
+    for s in trace.steps:
+        rows = [
+            r
+            for r in s.get("requests", [])
+            if r.get("cf_drafts") is not None
+            and isinstance(r.get("num_output_before"), int)
+            and r["req_id"] in cf.tables
+        ]
+        batch = []
+        for r in rows:
+            rid, n = r["req_id"], r["num_output_before"]
+            out = outs[rid]
+            mt = trace.requests.get(rid, {}).get("max_tokens")
+            budget = (mt if isinstance(mt, int) and mt >= out.size else out.size + max_k + 1) - n
+            toks = np.concatenate([prompts.get(rid, np.zeros(0, dtype=np.int64)), out[:n]])
+            batch.append(ProposalRequest(rid, toks, int(budget), vocab))
+        if batch:
+            drafts = prop.propose(batch, [max_k] * len(batch))
+            for r, d in zip(rows, drafts, strict=True):
+                rid, n = r["req_id"], r["num_output_before"]
+                if n < len(cf.tables[rid]["suffix"]):
+                    cf.tables[rid]["suffix"][n] = np.asarray(d, dtype=np.int64)
+                    cf.features[rid]["suffix"][n] = prop.last_features[rid].match_length
+        for r in s.get("requests", []):
+            if r.get("finished"):
+                prop.release(r["req_id"])
+    return cf
 
 
 def logged_only(trace: Trace, proposer: str) -> dict[str, DraftTable]:

@@ -114,7 +114,7 @@ class ReplayRequest:
         check_proposer_name(proposer)
         if proposer == "none":
             raise ValueError(
-                "proposer='none' offers no drafts; allowed: ngram, jacobi, draft, lora:<name>"
+                "proposer='none' offers no drafts; allowed: ngram, jacobi, suffix, draft, lora:<name>"
             )
         if len(table) != len(self):
             raise ValueError(

@@ -14,6 +14,7 @@ from .counterfactual import (
     build_counterfactuals,
     check_logged,
     read_counterfactuals,
+    suffix_counterfactual,
 )
 from .requests import ReplayRequest, max_batch_size, recorded_goodput, requests_from_trace
 
@@ -39,6 +40,8 @@ class ReplayWorkload:
         Per proposer, the share of decision positions where its draft is known.
     ngram_check : dict
         Recomputed vs logged n-gram drafts (:func:`~adaptive_spec.sim.counterfactual.check_logged`).
+    suffix_check : dict
+        The same for the suffix drafts (replayed in the trace's order when the trace stores none).
     """
 
     trace: Trace
@@ -51,6 +54,7 @@ class ReplayWorkload:
     recorded_time_s: float
     coverage: dict[str, float] = field(default_factory=dict)
     ngram_check: dict[str, int] = field(default_factory=dict)
+    suffix_check: dict[str, int] = field(default_factory=dict)
 
     @property
     def recorded_goodput(self) -> float:
@@ -60,7 +64,8 @@ class ReplayWorkload:
 def load_replay_trace(
     path: str | Path, *, ngram: bool = True, min_n: int = 2, max_n: int = 4, window: int = 2048
 ) -> ReplayWorkload:
-    """Read a trace and its counterfactuals; recompute n-gram drafts if the trace has none stored.
+    """Read a trace and its counterfactuals; recompute n-gram (and suffix) drafts if the trace has none
+    stored.
 
     Parameters
     ----------
@@ -83,7 +88,10 @@ def load_replay_trace(
     proposers = [p for p in (trace.header.get("proposers") or []) if p != "none"]
     if ngram and "ngram" in proposers and "ngram" not in cf.sources:
         cf = build_counterfactuals(trace, min_n=min_n, max_n=max_n, window=window).merge(cf)
+    if "suffix" in proposers and "suffix" not in cf.sources:
+        cf = suffix_counterfactual(trace).merge(cf)
     check = check_logged(trace, cf, "ngram") if cf.sources.get("ngram") == "rerun" else {}
+    suffix_check = check_logged(trace, cf, "suffix") if cf.sources.get("suffix") == "rerun" else {}
     reqs = requests_from_trace(trace, cf)
     if not reqs:
         raise ValueError(f"{path}: no request with output tokens; nothing to replay")
@@ -92,5 +100,15 @@ def load_replay_trace(
         p: float(np.mean([r.coverage(p) for r in reqs if len(r) > 1] or [0.0])) for p in proposers
     }
     return ReplayWorkload(
-        trace, reqs, cf, proposers, max_k, max_batch_size(trace), tokens, secs, coverage, check
+        trace,
+        reqs,
+        cf,
+        proposers,
+        max_k,
+        max_batch_size(trace),
+        tokens,
+        secs,
+        coverage,
+        check,
+        suffix_check,
     )

@@ -14,6 +14,7 @@ MODULES = [
     "adaptive_spec.proposers",
     "adaptive_spec.proposers.ngram",
     "adaptive_spec.proposers.jacobi",
+    "adaptive_spec.proposers.suffix",
 ]
 
 

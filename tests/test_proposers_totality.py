@@ -12,6 +12,7 @@ from adaptive_spec.proposers import (
     JacobiProposer,
     NgramProposer,
     ProposalRequest,
+    SuffixProposer,
     make_proposer,
 )
 
@@ -22,6 +23,13 @@ FACTORIES = {
     "jacobi": lambda: JacobiProposer(max_k=8, pool_size=8, ngram=3),
     "jacobi_n2": lambda: JacobiProposer(max_k=4, pool_size=2, ngram=2),
     "jacobi_noinit": lambda: JacobiProposer(max_k=8, init="none"),
+    "suffix": lambda: SuffixProposer(max_k=8, window=512),
+    "suffix_small": lambda: SuffixProposer(
+        max_k=5, max_depth=3, token_budget=30, window=64, max_spec_factor=4.0, min_token_prob=0.0
+    ),
+    "suffix_tenant": lambda: SuffixProposer(
+        max_k=8, window=256, local="never", scope="tenant", tenant_of={"a": "t1", "b": "t2"}
+    ),
 }
 
 ids = st.integers(-5, 40)
@@ -114,6 +122,11 @@ def test_budget_caps_the_draft(name) -> None:
         ("jacobi", dict(ngram=1), "ngram"),
         ("jacobi", dict(init="random"), "init"),
         ("jacobi", dict(max_states=0), "max_states"),
+        ("suffix", dict(max_k=200), "max_k"),
+        ("suffix", dict(max_depth=0), "max_depth"),
+        ("suffix", dict(token_budget=-5), "token_budget"),
+        ("suffix", dict(scope="global"), "scope"),
+        ("suffix", dict(local=True), "local"),
     ],
 )
 def test_bad_configuration_is_refused_naming_the_parameter(name, kw, param) -> None:
@@ -122,7 +135,7 @@ def test_bad_configuration_is_refused_naming_the_parameter(name, kw, param) -> N
 
 
 def test_unknown_proposer_lists_the_allowed_names() -> None:
-    with pytest.raises(ValueError, match=r"allowed: \['jacobi', 'ngram'\]"):
+    with pytest.raises(ValueError, match=r"allowed: \['jacobi', 'ngram', 'suffix'\]"):
         make_proposer("eagle")
 
 
@@ -156,3 +169,18 @@ def test_no_state_leaks_over_10000_requests() -> None:
     for i in range(1000):
         capped.propose([ProposalRequest(f"r{i}", np.arange(5), 10, 10)], [2])
     assert len(capped) == 100  # least recently used states dropped when never released
+
+
+def test_suffix_keeps_no_state_after_release_and_bounds_unreleased_ones() -> None:
+    p = SuffixProposer(max_k=4, token_budget=500)
+    rng = np.random.default_rng(0)
+    for i in range(3000):
+        r = ProposalRequest(f"r{i}", rng.integers(0, 50, 20), 10, 50)
+        p.propose([r], [4])
+        p.release(r.req_id)
+    s = p.stats()
+    assert len(p) == 0 and s["global_tokens"] <= 500 and s["sequences"] <= 500 // 20 + 1
+    capped = SuffixProposer(max_k=4, max_states=100)
+    for i in range(1000):
+        capped.propose([ProposalRequest(f"r{i}", np.arange(5), 10, 10)], [2])
+    assert len(capped) == 100

@@ -9,7 +9,7 @@ name                        kind     engine    what runs
 ``none``                    baseline main      every request k = 0 (``AdaptiveSpec`` policy ``none``)
 ``nospec``                  nospec   nospec    an engine built without speculative decoding, nothing
                                                attached: what an operator runs without adaptive-spec
-``static:<p>:<k>``          static   main      one fixed arm, p in ngram, jacobi (``draft``: draft engine)
+``static:<p>:<k>``          static   main      one fixed arm, p in ngram, jacobi, suffix (``draft``: draft engine)
 ``smartspec:<p>``           peer     main      SmartSpec's goodput rule over k for proposer p (Liu et al.
                                                2024), :class:`adaptive_spec.sim.peers.SmartSpecPolicy`
 ``banditspec:<p>``          peer     main      BanditSpec's UCBSpec over k per step (Hou et al. 2025),
@@ -49,7 +49,7 @@ from adaptive_spec.workloads import CATEGORIES, WORKLOADS
 
 KINDS = ("baseline", "nospec", "static", "peer", "adaptive", "vllm", "hf")
 ENGINES = ("main", "nospec", "dynamic", "draft", "hf")
-STATIC_PROPOSERS = ("ngram", "jacobi", "draft")
+STATIC_PROPOSERS = ("ngram", "jacobi", "suffix", "draft")
 _LORA = re.compile(r"^lora:[A-Za-z0-9_.\-]+$")
 STATIC_KS = (1, 2, 4, 8)
 MAX_K = 16
@@ -58,7 +58,7 @@ MT_BENCH_DEFAULT = Path("/work/shared/data/mt_bench/question.jsonl")
 MT_BENCH = "mtbench"
 
 CONFIG_HELP = (
-    "none, nospec, static:<ngram|jacobi|draft|lora:<name>>:<k>, smartspec:<p>, banditspec:<p>, "
+    "none, nospec, static:<ngram|jacobi|suffix|draft|lora:<name>>:<k>, smartspec:<p>, banditspec:<p>, "
     "table:<p>:<s>-<e>=<k>,..., adaptive, adaptive-warm, adaptive-ucb, adaptive-greedy, adaptive-eps, "
     "adaptive+draft, adaptive+lora, vllm-ngram, "
     "vllm-dynamic, hf-greedy, hf-pld"

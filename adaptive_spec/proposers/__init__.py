@@ -1,4 +1,4 @@
-"""Proposers: n-gram (prompt lookup) and Jacobi/lookahead, behind one interface.
+"""Proposers: n-gram (prompt lookup), Jacobi/lookahead and suffix (SuffixDecoding), behind one interface.
 
 ``make_proposer(name, **kw)`` builds one by name.
 """
@@ -10,10 +10,12 @@ from typing import Any
 from .base import ProposalRequest, Proposer
 from .jacobi import JacobiProposer
 from .ngram import NgramProposer
+from .suffix import SuffixFeatures, SuffixProposer
 
 PROPOSERS: dict[str, type[Proposer]] = {
     "ngram": NgramProposer,
     "jacobi": JacobiProposer,
+    "suffix": SuffixProposer,
 }
 
 
@@ -22,7 +24,7 @@ def make_proposer(name: str, **kw: Any) -> Proposer:
 
     Parameters
     ----------
-    name : {"ngram", "jacobi"}
+    name : {"ngram", "jacobi", "suffix"}
     **kw
         Constructor arguments of the proposer class.
 
@@ -48,5 +50,7 @@ __all__ = [
     "NgramProposer",
     "ProposalRequest",
     "Proposer",
+    "SuffixFeatures",
+    "SuffixProposer",
     "make_proposer",
 ]

@@ -125,7 +125,7 @@ def _check_args(
         raise invalid_value(
             "proposers",
             proposers,
-            "a non-empty list of none, ngram, jacobi, draft, lora:<adapter>",
+            "a non-empty list of none, ngram, jacobi, suffix, draft, lora:<adapter>",
             fix="pass e.g. proposers=['none', 'ngram', 'jacobi']",
         )
     for p in proposers:
@@ -135,7 +135,7 @@ def _check_args(
             raise invalid_value(
                 "proposers",
                 list(proposers),
-                "none, ngram, jacobi, draft, lora:<adapter>",
+                "none, ngram, jacobi, suffix, draft, lora:<adapter>",
                 why=str(e).split(";")[0],
                 fix="remove or correct it",
             ) from None
@@ -173,7 +173,7 @@ class AdaptiveSpec:
     llm : vllm.LLM
         Built with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine core in this process).
     proposers : sequence of str
-        Arms' proposers among ``none``, ``ngram``, ``jacobi``, ``draft`` (the engine's draft model; needs
+        Arms' proposers among ``none``, ``ngram``, ``jacobi``, ``suffix``, ``draft`` (the engine's draft model; needs
         a draft-model engine) and ``lora:<name>`` (the draft model with LoRA adapter ``name`` from
         ``lora_adapters``; needs ``method="draft_model"``).
     lora_adapters : mapping, optional
@@ -220,6 +220,11 @@ class AdaptiveSpec:
         Seeds the policy.
     ngram_min, ngram_max : int
         n-gram sizes of the prompt-lookup proposer.
+    suffix : mapping, optional
+        Options of the ``suffix`` proposer (:class:`~adaptive_spec.proposers.SuffixProposer`'s
+        parameters but ``max_k``, e.g. ``{"token_budget": 65536}``). ``{"scope": "tenant"}`` without a
+        ``tenant_of`` keys the global index by the request's LoRA adapter name (requests without one
+        share an index).
 
     One controller per engine: a second AdaptiveSpec on an engine that has one is refused; after
     :meth:`detach` the engine is plain vLLM again (its own methods, not wrappers).
@@ -235,9 +240,9 @@ class AdaptiveSpec:
         cannot be moved aside.
     ValueError
         For an argument of the wrong kind (naming the parameter), an unknown proposer or policy name,
-        ``draft`` without a draft model, ``lora:<name>`` without adapter ``name`` in ``lora_adapters``
-        or without a ``draft_model`` engine, or an adapter that does not fit the draft (rank, layers or
-        shapes; raised at registration).
+        invalid ``suffix`` options, ``draft`` without a draft model, ``lora:<name>`` without adapter
+        ``name`` in ``lora_adapters`` or without a ``draft_model`` engine, or an adapter that does not
+        fit the draft (rank, layers or shapes; raised at registration).
     """
 
     def __init__(
@@ -257,6 +262,7 @@ class AdaptiveSpec:
         ngram_min: int = 2,
         ngram_max: int = 4,
         lora_adapters: Mapping[str, Any] | None = None,
+        suffix: Mapping[str, Any] | None = None,
     ) -> None:
         import vllm
 
@@ -306,7 +312,8 @@ class AdaptiveSpec:
         proposers = list(dict.fromkeys(proposers))
         if not proposers:
             raise ValueError(
-                "proposers=[] is invalid; allowed: a non-empty subset of none, ngram, jacobi, draft"
+                "proposers=[] is invalid; allowed: a non-empty subset of none, ngram, jacobi, suffix, "
+                "draft"
             )
         lora_adapters = dict(lora_adapters or {})
         for p in proposers:
@@ -411,6 +418,8 @@ class AdaptiveSpec:
                 ) from None
         if "jacobi" in proposers:
             self.proposers["jacobi"] = JacobiProposer(max_k=self.max_k)
+        if "suffix" in proposers:
+            self.proposers["suffix"] = self._make_suffix(suffix)
         # Draft-model proposers: the base draft and its LoRA adapters share the engine's one drafter.
         self.drafter_family = [p for p in proposers if p == "draft" or p.startswith("lora:")]
         self.lora = None
@@ -484,6 +493,10 @@ class AdaptiveSpec:
                         "dtype": str(core.vllm_config.model_config.dtype),
                         "threads": os.environ.get("OMP_NUM_THREADS"),
                         "engine_key": self.engine_key,
+                        # what a replay needs to recompute the suffix drafts (sim.counterfactual)
+                        "suffix": self.proposers["suffix"].config()
+                        if "suffix" in self.proposers
+                        else None,
                     },
                 },
             )
@@ -542,6 +555,29 @@ class AdaptiveSpec:
         table = calibrate(self, key=self.engine_key, **kwargs)
         self.calibration_s = time.perf_counter() - t0
         return table
+
+    def _make_suffix(self, options: Mapping[str, Any] | None) -> Any:
+        from adaptive_spec.proposers import SuffixProposer
+
+        opts = dict(options or {})
+        if "max_k" in opts:
+            raise ValueError(
+                f"suffix={options!r} is invalid: max_k is the engine's num_speculative_tokens; "
+                "allowed: SuffixProposer's other parameters"
+            )
+        if opts.get("scope") == "tenant" and opts.get("tenant_of") is None:
+            opts["tenant_of"] = self._lora_name_of
+        try:
+            return SuffixProposer(max_k=self.max_k, **opts)
+        except TypeError as e:
+            raise ValueError(
+                f"suffix={options!r} is invalid ({e}); allowed: SuffixProposer's parameters"
+            ) from None
+
+    def _lora_name_of(self, req_id: str) -> str | None:
+        """The LoRA adapter of a request (the suffix proposer's tenant with ``scope="tenant"``)."""
+        r = self.scheduler.requests.get(req_id)
+        return getattr(getattr(r, "lora_request", None), "lora_name", None)
 
     @classmethod
     def attach_engine_core(

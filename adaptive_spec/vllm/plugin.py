@@ -74,7 +74,7 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 #: What each field allows, in words (the policy's list comes from adaptive_spec.policies).
 _ALLOWED = {
-    "proposers": "a non-empty comma-separated list of none, ngram, jacobi, draft, lora:<adapter>",
+    "proposers": "a non-empty comma-separated list of none, ngram, jacobi, suffix, draft, lora:<adapter>",
     "state": "a file path (empty: no state file)",
     "save_every_steps": "an integer >= 1",
     "save_every_s": "a finite number of seconds > 0",
@@ -139,7 +139,7 @@ class ServeConfig:
     Parameters
     ----------
     proposers : tuple of str
-        Arms' proposers (``none``, ``ngram``, ``jacobi``, ``draft``), as for ``AdaptiveSpec``.
+        Arms' proposers (``none``, ``ngram``, ``jacobi``, ``suffix``, ``draft``), as for ``AdaptiveSpec``.
     policy : str
         A policy name for :func:`adaptive_spec.policies.make_policy` (its k are checked against the
         engine's ``num_speculative_tokens`` by :func:`check_vllm_config`).
