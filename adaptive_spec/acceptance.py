@@ -14,8 +14,8 @@ prior ``(a, b)`` comes from a shipped prior state or a generic default. The cell
   exponential moving average; none yet / < 0.2 / < 0.6 / >= 0.6). A request that copies text keeps
   copying; one that does not keeps rejecting;
 * **match bucket**: the proposer's match feature (n-gram: the suffix n-gram length matched; suffix:
-  the matched length; Jacobi: the candidate's length, 0 for the initial guess), cut at per-proposer
-  thresholds.
+  its own estimate of the first draft token's probability; Jacobi: the candidate's length), cut at
+  per-proposer thresholds.
 
 Counts are calibrated by construction (each cell's estimate is its own empirical frequency, shrunk to
 the prior), learning is a few array additions per step, and a prediction is a table lookup: no model
@@ -39,7 +39,7 @@ HIST_EDGES = (0.2, 0.6)
 DEFAULT_MATCH_THRESHOLDS = (1, 3, 4)
 MATCH_THRESHOLDS: dict[str, tuple[int, int, int]] = {
     "ngram": (1, 3, 4),
-    "suffix": (1, 4, 12),
+    "suffix": (4, 7, 9),  # its estimated first-token probability in tenths: < .4, < .7, < .9, >= .9
     "jacobi": (1, 3, 5),
 }
 #: Generic prior conditional acceptance at position 1 and at later positions (drafts that survive

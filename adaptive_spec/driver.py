@@ -258,14 +258,13 @@ class StepDriver:
                         views[i].match_lengths[name] = len(d)
                     continue
                 out = prop.propose(preqs, ks)
-                feats = getattr(prop, "last_match_lengths", None)
-                for j, (v, pr, d) in enumerate(zip(views, preqs, out, strict=True)):
+                # The controller's match feature: the proposer's own when it has one (suffix: its
+                # estimated first-token probability), else its match length.
+                feature = getattr(prop, "match_feature", None) or prop.match_length
+                for v, pr, d in zip(views, preqs, out, strict=True):
                     v.drafts[name] = d
-                    if not len(d):
-                        continue
-                    v.match_lengths[name] = int(
-                        feats[j] if feats is not None else prop.match_length(pr)
-                    )
+                    if len(d):
+                        v.match_lengths[name] = int(feature(pr))
         if external_drafts:
             for name, by_req in external_drafts.items():
                 feats = (external_match or {}).get(name, {})

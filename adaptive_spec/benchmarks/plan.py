@@ -16,6 +16,8 @@ name                        kind     engine    what runs
                                                :class:`adaptive_spec.sim.peers.BanditSpecPolicy`
 ``table:<p>:<s>-<e>=<k>,..`` peer    main      vLLM's batch-size table emulated in this framework
 ``adaptive``                adaptive main      the adaptive controller, default policy, no prior state
+``adaptive+suffix``         adaptive main      the controller with the suffix proposer as well
+``adaptive-ngram``          adaptive main      the controller with n-gram lookup only (none, ngram)
 ``adaptive-warm``           adaptive main      the same, warm-started from a state saved by an adaptive run
                                                on held-out prompts of the same workload
 ``adaptive-ucb`` (-greedy,  adaptive main      the controller with another exploration mode
@@ -59,7 +61,7 @@ MT_BENCH = "mtbench"
 
 CONFIG_HELP = (
     "none, nospec, static:<ngram|jacobi|suffix|draft|lora:<name>>:<k>, smartspec:<p>, banditspec:<p>, "
-    "table:<p>:<s>-<e>=<k>,..., adaptive, adaptive-warm, adaptive-ucb, adaptive-greedy, adaptive-eps, "
+    "table:<p>:<s>-<e>=<k>,..., adaptive, adaptive+suffix, adaptive-ngram, adaptive-warm, adaptive-ucb, adaptive-greedy, adaptive-eps, "
     "adaptive+draft, adaptive+lora, vllm-ngram, "
     "vllm-dynamic, hf-greedy, hf-pld"
 )
@@ -98,7 +100,7 @@ def parse_config(name: str, max_k: int = MAX_K) -> ConfigInfo:
         return ConfigInfo(name, "baseline", "main")
     if name == "nospec":
         return ConfigInfo(name, "nospec", "nospec")
-    if name in ADAPTIVE_NAMES or name == "adaptive-warm":
+    if name in ADAPTIVE_NAMES or name in ("adaptive-warm", "adaptive+suffix", "adaptive-ngram"):
         return ConfigInfo(name, "adaptive", "main")
     if name in ("adaptive+draft", "adaptive+lora"):
         return ConfigInfo(name, "adaptive", "draft")

@@ -161,6 +161,10 @@ def config_proposers(name: str, engine: str, adapters: Sequence[str] = ()) -> li
     if info.kind == "adaptive":
         if name == "adaptive+lora":
             return [*ALL_PROPOSERS, "draft", *(f"lora:{a}" for a in adapters)]
+        if name == "adaptive+suffix":
+            return [*ALL_PROPOSERS, "suffix"]
+        if name == "adaptive-ngram":
+            return ["none", "ngram"]
         return [*ALL_PROPOSERS, "draft"] if name.endswith("+draft") else list(ALL_PROPOSERS)
     if info.proposer is None:
         raise ValueError(f"config={name!r} has no proposer to enable")

@@ -853,6 +853,11 @@ class SuffixProposer(Proposer):
         """Match length of the draft available now (:meth:`features`; 0 if none)."""
         return self.features(request).match_length
 
+    def match_feature(self, request: ProposalRequest) -> int:
+        """The controller's context feature: the estimated probability that the first draft token is
+        accepted, in tenths (0..10; :meth:`features`)."""
+        return int(10.0 * self.features(request).probability + 1e-9)
+
     def release(self, req_id: str) -> None:
         """Drop the request's local index; its text stays in the global index until evicted."""
         with self._lock:
