@@ -149,6 +149,9 @@ class StepDriver:
         self.faults = 0
         self.last_fault: str | None = None
         self.step_index = 0
+        self.record_all_argmax = (
+            False  # target argmax for every drafted request (trace diagnostics)
+        )
 
     # -- requests -----------------------------------------------------------------------------------
     def has_request(self, req_id: str) -> bool:
@@ -306,7 +309,7 @@ class StepDriver:
             prop = decision.propensities[i] if i < len(decision.propensities) else None
             feats = decision.features[i] if i < len(decision.features) else []
             self._chosen[v.req_id] = (arm, prop, feats, cf, chosen)
-            flag = bool(chosen) and (wanted is None or bool(wanted[i]))
+            flag = bool(chosen) and (wanted is None or self.record_all_argmax or bool(wanted[i]))
             self._argmax_wanted[v.req_id] = flag
             req_ids.append(v.req_id)
             drafts.append(chosen)

@@ -116,7 +116,7 @@ def _worker(target_dir: str, draft_dir: str, out_path: str, tmp: str) -> None:
 
     def run(name, policy, params=None, use_stream=False):
         path = Path(tmp) / f"{name}.jsonl"
-        with AdaptiveSpec(llm, proposers, policy=policy, trace=path) as spec:
+        with AdaptiveSpec(llm, proposers, policy=policy, trace=path, trace_argmax=True) as spec:
             if isinstance(policy, ScriptedPolicy):
                 policy.bind(spec)
             if use_stream:

@@ -69,7 +69,7 @@ def _run(
 
     policy = ScriptedPolicy([p for p in proposers if p != "none"], MAX_K, schedule)
     path = tmp_path / "trace.jsonl"
-    with AdaptiveSpec(llm, proposers, policy=policy, trace=path) as spec:
+    with AdaptiveSpec(llm, proposers, policy=policy, trace=path, trace_argmax=True) as spec:
         policy.bind(spec)
         oracle = None
         if oracle_as is not None:

@@ -62,7 +62,9 @@ def _run(llm, ref, prompts, params, tmp_path, schedule=FULL_K4, **oracle_kw):
     inner = ScriptedPolicy(["ngram", "jacobi"], MAX_K, schedule)
     policy = RecordingPolicy(inner)
     path = tmp_path / "trace.jsonl"
-    with AdaptiveSpec(llm, ["none", "ngram", "jacobi"], policy=policy, trace=path) as spec:
+    with AdaptiveSpec(
+        llm, ["none", "ngram", "jacobi"], policy=policy, trace=path, trace_argmax=True
+    ) as spec:
         inner.bind(spec)
         install_proposer(spec, "ngram", OracleProposer(ref, max_k=MAX_K, **oracle_kw))
         res = stream(llm, prompts, params)

@@ -208,6 +208,10 @@ class AdaptiveSpec:
         dummy steps (:mod:`adaptive_spec.vllm.calibrate`, about 10-20 s on 2 CPU cores) and cache it.
         ``True``: always measure now. ``False``: never measure (a shipped table of the same model and
         dtype from another machine, else a generic prior shape, corrected online).
+    trace_argmax : bool
+        Record the target's argmax at every verified position in the trace (a diagnostic: it costs
+        about 0.05 ms per verified row here); by default only the rows a proposer needs (Jacobi's
+        next iterate) are computed.
     prior : bool
         Start the adaptive controller, when no learned state was loaded, from the acceptance prior
         shipped for this model (:mod:`adaptive_spec.priors`; default True).
@@ -257,6 +261,7 @@ class AdaptiveSpec:
         calibrate: bool | str = "auto",
         prior: bool = True,
         baseline: str | None = None,
+        trace_argmax: bool = False,
         category_of: Callable[[Sequence[int]], str | None] | None = None,
         seed: int = 0,
         ngram_min: int = 2,
@@ -501,6 +506,7 @@ class AdaptiveSpec:
                 },
             )
             self.driver.tracer = self.tracer
+            self.driver.record_all_argmax = bool(trace_argmax)
             if hasattr(self.policy, "log_features"):
                 self.policy.log_features = True
 
@@ -770,7 +776,9 @@ class AdaptiveSpec:
         import torch
 
         idx = torch.cat(rows)
-        am = logits.index_select(0, idx).argmax(dim=-1).cpu().numpy().astype(np.int64)
+        # max(dim).indices: the first maximal index like argmax, and several times faster than argmax
+        # on bfloat16 logits on the CPU (0.43 vs 1.96 ms for 8 rows x 49,152 here).
+        am = logits.index_select(0, idx).max(dim=-1).indices.cpu().numpy().astype(np.int64)
         off = 0
         for rid, n in owners:
             self._argmax[rid] = am[off : off + n]
