@@ -311,9 +311,11 @@ def test_adaptive_spec_lora_arms(engine, prompts, reference, adapters):
     # so that what this test checks, the choice of drafter, does not depend on the machine's load.
     from adaptive_spec.controller import AdaptiveController
 
-    ctrl = AdaptiveController(props, K, seed=3)
-    for v in range(0, 25):
-        ctrl.cost.update(6, v, 0.01 + 0.0001 * v, speculating_requests=min(v, 6))
+    from adaptive_spec.cost_table import StepCostTable
+
+    vs = [0, 1, 8, 24]
+    cheap = StepCostTable.from_samples([6] * 4, vs, [0.01 + 0.0001 * v for v in vs])
+    ctrl = AdaptiveController(props, K, seed=3, cost_table=cheap)
     ctrl.cost.update = lambda *a, **kw: True
     spec = AdaptiveSpec(engine, props, policy=ctrl, lora_adapters=adapters)
     try:

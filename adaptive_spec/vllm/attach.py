@@ -349,6 +349,7 @@ class AdaptiveSpec:
         self.max_k = int(spec_config.num_speculative_tokens)
         self.engine_method = spec_config.method
         self.proposer_names = proposers
+        self._policy_given = isinstance(policy, SpecPolicy)
         if isinstance(policy, SpecPolicy):
             self.policy = policy
         else:
@@ -530,6 +531,8 @@ class AdaptiveSpec:
         if given is not None:
             table = given if isinstance(given, StepCostTable) else _read_table(given)
             source = "given"
+        elif self._policy_given and model.table.source != "prior" and calibrate is not True:
+            return "the policy's own"
         elif calibrate is True:
             source = "calibrated now"
         elif self.state_loaded and model.table.matches(key, KEY_FIELDS):
