@@ -310,7 +310,6 @@ def test_adaptive_spec_lora_arms(engine, prompts, reference, adapters):
     # The controller's k depends on measured step times; fix its step-cost model (drafting is cheap)
     # so that what this test checks, the choice of drafter, does not depend on the machine's load.
     from adaptive_spec.controller import AdaptiveController
-
     from adaptive_spec.cost_table import StepCostTable
 
     vs = [0, 1, 8, 24]
