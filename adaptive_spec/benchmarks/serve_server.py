@@ -115,7 +115,7 @@ def server_command(cfg: ServerConfig, settings: ServerSettings, port: int) -> li
         cmd += ["--speculative-config", json.dumps(spec)]
     if cfg.plugin and cfg.kind == "adaptive":
         # Lets the engine core save the policy state when its busy loop ends (docs/serving.md).
-        cmd += ["--shutdown-timeout", "10"]
+        cmd += ["--shutdown-timeout", "5"]
     cmd += list(s.extra_args)
     return cmd
 

@@ -201,6 +201,11 @@ def summarize_pattern(
     return {"pattern": pattern, "best_static": best, "best_static_tpot_p99": best_tpot}
 
 
+def _is_static_ngram(cfg: ServerConfig) -> bool:
+    """A fixed n-gram k: ``static:ngram:<k>`` through the plugin, or vLLM's own ``vllm-ngram``."""
+    return cfg.kind == "static" and (cfg.proposers is None or "ngram" in cfg.proposers)
+
+
 def tuned_table(
     runs: dict[str, dict[str, dict[str, Any]]],
     configs: dict[str, ServerConfig],
@@ -231,11 +236,7 @@ def tuned_table(
             continue
         conc = max(1, min(max_num_seqs, round(ref["mean_concurrency"])))
         cands = {
-            n: r[pat]
-            for n, r in runs.items()
-            if configs[n].kind == "static"
-            and _ok(r.get(pat))
-            and (configs[n].proposers or ("ngram",))[-1] == "ngram"
+            n: r[pat] for n, r in runs.items() if _is_static_ngram(configs[n]) and _ok(r.get(pat))
         }
         if not cands or conc in best_k:
             continue
