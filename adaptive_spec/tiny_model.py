@@ -35,11 +35,11 @@ def make_tiny_model(out: Path, tokenizer_dir: Path, *, seed: int = 0, layers: in
     layers : int
         Decoder layers.
     """
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    if (out / "config.json").exists() and (out / "model.safetensors").exists():
-        return out
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=49152,

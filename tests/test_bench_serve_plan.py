@@ -214,6 +214,11 @@ def test_merge_passes_uses_vllms_definitions():
     short = _result([0.5], [1.0], [2], ["a"])
     assert merge_passes([(greedy, short)], 2)["lost"] == 1
     assert per_request(_result([0.0], [0.0], [0], [""]))[0]["error"] == "error without a message"
+    # A stream broken after its first chunk has a TTFT and an error: failed, as vLLM counts it.
+    broken = per_request(
+        _result([0.3], [1.0], [0], ["ab"], errors=["Traceback\nClientPayloadError: x"])
+    )
+    assert not broken[0]["ok"] and broken[0]["error"] == "ClientPayloadError: x"
 
 
 METRICS_TEXT = """# TYPE vllm:request_success counter

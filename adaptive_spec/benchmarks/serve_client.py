@@ -178,13 +178,14 @@ def _error_line(text: str) -> str:
 def per_request(result: dict[str, Any]) -> list[dict[str, Any]]:
     """The per-request records of one vLLM result (``--save-detailed``), in the order sent.
 
-    A request succeeded when its first chunk arrived (vLLM sets a TTFT > 0 only then).
+    A request succeeded when its first chunk arrived (vLLM sets a TTFT > 0 only then) and no error
+    followed (a stream broken after its first chunk has a TTFT and an error).
     """
     n = len(result.get("ttfts") or [])
     out = []
     for i in range(n):
         ttft = float(result["ttfts"][i] or 0.0)
-        ok = ttft > 0.0
+        ok = ttft > 0.0 and not (result["errors"][i] or "")
         out.append(
             {
                 "ok": ok,

@@ -375,7 +375,11 @@ class Runner:
         nxt = self.plan.configs[index]
         if (nxt.kind == "table" and nxt.table is None) or nxt.warm or nxt.name in self._prestarted:
             return
-        launched = self.launch(nxt)
+        try:
+            launched = self.launch(nxt)
+        except Exception as e:  # it is started again, in order, when its turn comes
+            self.notes.append(f"{nxt.name}: early start failed ({type(e).__name__}: {e})")
+            return
         if launched is not None:
             self.console.print(f"  (started {nxt.name}'s server early: --overlap-starts)")
             self._prestarted[nxt.name] = launched
@@ -399,6 +403,8 @@ class Runner:
             return
         server, info, state = launched
         log = server.log
+        if self.args.overlap_starts or (self.plan.quick and self.args.overlap_starts is None):
+            self._prestart(index)  # the next server starts while this one starts and is measured
         self.servers[cfg.name] = info
         self.runs.setdefault(cfg.name, {})
         self.console.print(f"[bold][{index}/{n_cfg}] {cfg.name}[/]: server log {log}")
@@ -420,8 +426,6 @@ class Runner:
                 )
             if self.plan.warmup:
                 self._warmup(cfg, server)
-            if self.args.overlap_starts or (self.plan.quick and self.args.overlap_starts is None):
-                self._prestart(index)
             if self.plan.patterns is None:
                 self._calibrate(cfg, server)
             assert self.plan.patterns is not None
