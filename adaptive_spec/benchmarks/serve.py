@@ -402,6 +402,7 @@ def finish(runner: Runner, env_start: dict[str, Any], total_s: float) -> dict[st
         },
         "environment": env_start,
         "load_average_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "cpu_s": _cpu_seconds(),
         "calibration": runner.calibration,
         "configs": [
             {
@@ -440,6 +441,16 @@ def finish(runner: Runner, env_start: dict[str, Any], total_s: float) -> dict[st
     data["json"] = str(runner.out / JSON_NAME)
     write_json(runner.out / JSON_NAME, data)
     return data
+
+
+def _cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) of this process (the harness and vLLM's client, which compete with
+    the server for the cores) and of its finished children (the servers, engine cores included)."""
+    import resource
+
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"harness": me.ru_utime + me.ru_stime, "servers": kids.ru_utime + kids.ru_stime}
 
 
 def overall_checks(runner: Runner, patterns: list[Pattern]) -> dict[str, Any]:
