@@ -376,6 +376,10 @@ def finish(runner: Runner, env_start: dict[str, Any], total_s: float) -> dict[st
     texts_path = runner.work / "texts.json"
     texts_path.write_text(json.dumps(runner.texts, indent=0), encoding="utf-8")
     checks = overall_checks(runner, patterns)
+    if "none" not in configs:
+        runner.notes.append(
+            "no 'none' configuration: no ratios to no speculation and no greedy comparison"
+        )
     data: dict[str, Any] = {
         "schema": SCHEMA,
         "version": VERSION,
