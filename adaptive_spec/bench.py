@@ -129,6 +129,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     p.add_argument("--verbose", action="store_true", help="echo the workers' full logs")
     p.set_defaults(func=main)
+    # `adaptive-spec bench serve`: the OpenAI-compatible server under load (issue #16).
+    from adaptive_spec.benchmarks import serve as bench_serve
+
+    bench_serve.add_parser(p.add_subparsers(dest="bench_command", metavar="{serve}"))
 
 
 # -- planning ---------------------------------------------------------------------------------------

@@ -1,58 +1,6 @@
-"""A tiny float32 Llama model with SmolLM2's tokenizer, generated locally for fast engine tests.
+"""The tiny float32 test model: it lives in :mod:`adaptive_spec.tiny_model` (``bench serve --quick`` uses
+it too); re-exported here for the tests."""
 
-Two layers, hidden 64, 2 heads of dim 32 (vLLM's CPU attention needs head_dim >= 32). Weights are random
-with a large scale so that logits have clear top-2 margins (far above float32 kernel noise), and greedy
-decoding of a random model falls into repetitive loops, which gives the n-gram and Jacobi proposers
-something to accept.
-"""
+from adaptive_spec.tiny_model import TOKENIZER_FILES, make_tiny_model
 
-from __future__ import annotations
-
-import shutil
-from pathlib import Path
-
-import torch
-
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-    "special_tokens_map.json",
-)
-
-
-def make_tiny_model(out: Path, tokenizer_dir: Path, *, seed: int = 0, layers: int = 2) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    if (out / "config.json").exists() and (out / "model.safetensors").exists():
-        return out
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
-        torch_dtype="float32",
-    )
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.5 if "lm_head" in name or "embed" in name else 0.15)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    for f in TOKENIZER_FILES:
-        if (tokenizer_dir / f).exists():
-            shutil.copy(tokenizer_dir / f, tmp / f)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+__all__ = ["TOKENIZER_FILES", "make_tiny_model"]
