@@ -15,11 +15,26 @@ pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (pip insta
 
 
 def _run(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    """``adaptive-spec run --prompts 4 --max-tokens 24 --compare-static`` in a subprocess."""
+    """``adaptive-spec run --prompts 4 --max-tokens 24 --compare-static --repeats 1`` in a subprocess
+    (no learned state kept)."""
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     cmd = [sys.executable, "-m", "adaptive_spec.cli", "run", "--prompts", "4", "--max-tokens", "24"]
-    cmd += [*extra, "--compare-static", "--out", str(out)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    cmd += [*extra, "--compare-static", "--repeats", "1", "--no-state", "--out", str(out)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
+
+
+def _check_comparison(res: dict, nospec: bool) -> None:
+    cmp = res["comparison"]
+    assert set(cmp["configs"]) == {"none", cmp["baseline"], "adaptive"}
+    for name, c in cmp["configs"].items():
+        assert len(c["runs"]) == 1 and 0 < c["runs"][0]["output_tokens"] <= 4 * 24, name
+        ident = c["identity"]
+        assert ident["total"] == 4 and ident["violations"] == 0, (name, ident)
+        assert c["ratio_to_none"] > 0
+    assert cmp["configs"]["none"]["ratio_to_none"] == 1.0
+    if nospec:
+        assert cmp["nospec"].get("goodput_tok_s", 0) > 0, cmp["nospec"]
+        assert cmp["configs"]["adaptive"]["ratio_to_nospec"] > 0
 
 
 def test_run_compare_static_real_model(tmp_path: Path, default_model_dir: Path) -> None:
@@ -30,12 +45,11 @@ def test_run_compare_static_real_model(tmp_path: Path, default_model_dir: Path) 
     assert "goodput" in text and "tokens/s" in text
     for cat in ("code", "math", "chat", "summarize"):
         assert cat in text
+    assert "engine without speculative decoding" in text
     summary = json.loads((out / "summary.json").read_text())
     res = summary["results"]
     assert 0 < res["adaptive"]["output_tokens"] <= 4 * 24
-    assert 0 < res["no_speculation"]["output_tokens"] <= 4 * 24
-    ident = res["greedy_identity"]
-    assert ident["total"] == 4 and ident["violations"] == 0, ident
+    _check_comparison(res, nospec=True)
     assert (out / "arms.png").stat().st_size > 1000
     lines = (out / "trace.jsonl").read_text().splitlines()
     assert json.loads(lines[0])["schema"] == "adaptive-spec-trace"
@@ -46,12 +60,11 @@ def test_run_with_shipped_draft_and_lora_arms(tmp_path: Path, default_model_dir:
     """``--proposers none,ngram,jacobi,draft,lora`` loads the shipped draft and its adapters into the
     main job; output stays identical to speculation off (greedy)."""
     out = tmp_path / "run"
-    proc = _run(out, "--proposers", "none,ngram,jacobi,draft,lora")
+    proc = _run(out, "--proposers", "none,ngram,jacobi,draft,lora", "--no-nospec")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     res = summary["results"]
-    ident = res["greedy_identity"]
-    assert ident["total"] == 4 and ident["violations"] == 0, ident
+    _check_comparison(res, nospec=False)
     header = json.loads((out / "trace.jsonl").read_text().splitlines()[0])
     props = header["proposers"]
     assert "draft" in props and {"lora:code", "lora:math", "lora:chat"} <= set(props), props
