@@ -136,7 +136,7 @@ class AdaptiveController(SpecPolicy):
     """
 
     name = "adaptive"
-    wants_jacobi_guess = False  # Jacobi is scored where it has a real iterate (module docstring)
+    wants_jacobi_guess = False  # the guess only on the shadow schedule (jacobi_guess_wanted)
 
     def __init__(
         self,
@@ -647,6 +647,19 @@ class AdaptiveController(SpecPolicy):
         self._hist_b[slots, pi] = history_bucket(new_rate, np.ones_like(new_rate))
 
     # -- other verbs --------------------------------------------------------------------------------
+    def jacobi_guess_wanted(self, req_ids: list[str]) -> list[bool]:
+        """Jacobi's initial guess on the shadow schedule (one request-step in ``shadow_every``), so
+        that Jacobi keeps being scored where nothing else verifies: a verified guess records the
+        target's argmax, which is the next step's real iterate."""
+        if self._jacobi < 0:
+            return [False] * len(req_ids)
+        t = self.n_steps
+        out = []
+        for rid in req_ids:
+            s = self._slot.get(rid)
+            out.append(s is not None and (s + t) % self.shadow_every == 0)
+        return out
+
     def drafter_preference(self, req_id: str, candidates: list[str]) -> str | None:
         """The draft-model proposer (``draft`` / ``lora:<name>``) with the highest upper confidence
         bound on expected accepted length at ``max_k`` for this request (its history bucket with

@@ -252,8 +252,14 @@ class StepDriver:
             ks = [K] * len(preqs)
             for name, prop in self.proposers.items():
                 if name == "jacobi" and not getattr(self.policy, "wants_jacobi_guess", True):
-                    # Jacobi drafts only from a recorded verification (its initial guess is noise).
-                    idx = [i for i, pr in enumerate(preqs) if pr.last_target_argmax is not None]
+                    # Jacobi drafts from a recorded verification; its initial guess (noise, but what
+                    # starts Jacobi decoding) only where the policy asks for it.
+                    guess = self.policy.jacobi_guess_wanted([pr.req_id for pr in preqs])
+                    idx = [
+                        i
+                        for i, pr in enumerate(preqs)
+                        if pr.last_target_argmax is not None or guess[i]
+                    ]
                     sub = [preqs[i] for i in idx]
                     out = prop.propose(sub, [K] * len(sub)) if sub else []
                     for i, d in zip(idx, out, strict=True):

@@ -101,7 +101,8 @@ class SpecPolicy(ABC):
 
     name: str = "policy"
     #: Whether Jacobi's initial guess (the last token repeated) is offered to requests without a
-    #: recorded verification; a policy that only wants Jacobi's real iterates sets False.
+    #: recorded verification; a policy that wants it only for some requests sets False and answers
+    #: :meth:`jacobi_guess_wanted`.
     wants_jacobi_guess: bool = True
 
     def __init__(self, proposers: list[str], max_k: int) -> None:
@@ -127,6 +128,11 @@ class SpecPolicy(ABC):
 
     def load_state_dict(self, state: dict) -> None:  # noqa: B027 (optional hook)
         """Restore learned state (default: nothing)."""
+
+    def jacobi_guess_wanted(self, req_ids: list[str]) -> list[bool]:
+        """For a policy with ``wants_jacobi_guess = False``: which of these requests without a
+        recorded verification should still be offered Jacobi's initial guess (default: none)."""
+        return [False] * len(req_ids)
 
     def drafter_preference(self, req_id: str, candidates: list[str]) -> str | None:
         """Which draft-model proposer (``draft`` or ``lora:<name>``) should make ``req_id``'s next
