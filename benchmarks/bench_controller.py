@@ -26,7 +26,8 @@ from adaptive_spec.driver import LiveRequest, StepDriver, VerifiedRequest
 from adaptive_spec.protocol import RequestOutcome, RequestView, StepOutcome, StepView
 
 K = 8
-_clock = time.perf_counter  # --cpu: time.thread_time (CPU time of this thread: robust to a busy machine)
+# --cpu: time.thread_time (CPU time of this thread: robust to a busy machine)
+_clock = time.perf_counter
 PROPOSERS = ["ngram", "jacobi"]
 COVER = {"ngram": 0.3, "jacobi": 0.5}
 ACCEPT = {"ngram": 0.7, "jacobi": 0.1}
