@@ -39,6 +39,7 @@ from adaptive_spec.benchmarks.plan import (
     quick_plan,
     tune_table,
 )
+from adaptive_spec.machine import dtype_arg
 
 SCHEMA = "adaptive-spec-bench"
 VERSION = 1
@@ -102,7 +103,12 @@ def add_parser(sub: Any) -> None:
         help="MT-Bench question.jsonl for the 'mtbench' workload (default: the shared copy when present)",
     )
     p.add_argument("--model", default=None, help="target model directory (default: embedded)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        type=dtype_arg,
+        help="auto (default: bfloat16 where native, else float32), bfloat16, float32",
+    )
     p.add_argument("--max-k", type=_positive_int, default=8, help="num_speculative_tokens (8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

@@ -12,7 +12,7 @@ ENGINE_METHODS = ("ngram", "draft_model", None)
 def build_llm(
     model: str | Path | None = None,
     *,
-    dtype: str = "bfloat16",
+    dtype: str = "auto",
     max_k: int = 8,
     concurrency: int = 4,
     method: str = "ngram",
@@ -29,7 +29,9 @@ def build_llm(
     ----------
     model : path, optional
         Model directory; defaults to the embedded SmolLM2-135M-Instruct (:func:`default_model_path`).
-    dtype : {"bfloat16", "float32"}
+    dtype : {"auto", "bfloat16", "float32"}
+        ``auto``: bfloat16 where the hardware runs it natively, else float32
+        (:func:`adaptive_spec.machine.default_dtype`).
     max_k : int in 1..16
         ``num_speculative_tokens``: the largest k any arm may use.
     concurrency : int >= 1
@@ -56,8 +58,9 @@ def build_llm(
         raise ValueError(f"method={method!r} is invalid; allowed: ngram, draft_model, None")
     if method == "draft_model" and draft_model is None:
         raise ValueError("method='draft_model' needs draft_model=<path of a draft model directory>")
-    if dtype not in ("bfloat16", "float32"):
-        raise ValueError(f"dtype={dtype!r} is invalid; allowed: bfloat16, float32")
+    from adaptive_spec.machine import resolve_dtype
+
+    dtype = resolve_dtype(dtype)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 

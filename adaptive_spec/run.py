@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from adaptive_spec.machine import dtype_arg
 from adaptive_spec.workloads import WORKLOADS
 
 logger = logging.getLogger("adaptive_spec.run")
@@ -59,9 +60,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--dtype",
-        default="bfloat16",
-        choices=["bfloat16", "float32"],
-        help="weights/activations dtype",
+        default="auto",
+        type=dtype_arg,
+        help="weights/activations dtype: auto (default: bfloat16 where the hardware runs it natively, "
+        "a GPU or a CPU with AMX/AVX512-BF16; else float32, which is faster there), bfloat16, float32",
     )
     p.add_argument(
         "--max-k",

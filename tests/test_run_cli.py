@@ -41,7 +41,7 @@ def _run(argv, tmp_path, capsys) -> tuple[int, str]:
         (
             ["--proposers", "ngram,foo"],
             "--proposers='ngram,foo' is invalid (proposer 'foo' is not known)",
-            "none, ngram, jacobi, draft",
+            "none, ngram, jacobi, suffix, draft",
         ),
         (["--proposers", ","], "--proposers=',' is invalid (no proposer)", "none, ngram"),
         (

@@ -41,6 +41,7 @@ from adaptive_spec.benchmarks.serve_plan import (
     expand_patterns,
 )
 from adaptive_spec.benchmarks.serve_runner import FULL, QUICK, Plan, Runner, csv_list
+from adaptive_spec.machine import dtype_arg
 
 SCHEMA = "adaptive-spec-bench-serve"
 VERSION = 1
@@ -172,8 +173,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--dtype",
         default=None,
-        choices=["bfloat16", "float32"],
-        help="--dtype of the servers (default bfloat16; quick float32)",
+        type=dtype_arg,
+        help="--dtype of the servers: auto (bfloat16 where native, else float32), bfloat16, float32 "
+        "(default auto; quick float32)",
     )
     p.add_argument(
         "--max-k",

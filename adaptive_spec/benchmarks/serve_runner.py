@@ -27,6 +27,7 @@ from adaptive_spec.benchmarks.serve_plan import (
     parse_pattern,
     parse_server_configs,
 )
+from adaptive_spec.machine import default_dtype
 
 #: --quick: settings for a CI-size smoke run on the tiny float32 model.
 QUICK = {"requests": 6, "max_tokens": 32, "warmup": 1, "kv_cache_gib": 0.25, "max_num_seqs": 8}
@@ -127,7 +128,7 @@ class Plan:
         self.warmup = d["warmup"] if args.warmup is None else args.warmup
         self.max_num_seqs = args.max_num_seqs or d["max_num_seqs"]
         self.kv_cache_gib = args.kv_cache_gib or d["kv_cache_gib"]
-        self.dtype = args.dtype or ("float32" if q else "bfloat16")
+        self.dtype = args.dtype or ("float32" if q else default_dtype())
         self.eager = bool(args.eager or q)
         self.max_k = args.max_k
         names = (
@@ -229,7 +230,7 @@ class Runner:
             return tiny_model_path()
         from adaptive_spec.models import default_model_path
 
-        return default_model_path(args.dtype or "bfloat16")
+        return default_model_path(args.dtype or default_dtype())
 
     # -- the client library is imported in the background while the first server starts ---------------
     def import_client(self) -> None:

@@ -55,7 +55,7 @@ def build_engine(spec: dict[str, Any]) -> Any:
     kind = spec["engine"]
     max_len = _max_model_len(spec.get("model"))
     common = {
-        "dtype": spec.get("dtype", "bfloat16"),
+        "dtype": spec.get("dtype", "auto"),
         "max_k": int(spec.get("max_k", 8)),
         "concurrency": int(spec["max_num_seqs"]),
         "seed": int(spec.get("seed", 0)),
