@@ -134,7 +134,7 @@ def test_full_plan_covers_the_goals():
 def test_quick_plan_runs_every_kind_and_is_estimated_short():
     cells = quick_plan()
     kinds = {parse_config(n).kind for c in cells for n in c.configs}
-    assert kinds == {"baseline", "static", "peer", "adaptive", "vllm", "hf"}
+    assert kinds == {"baseline", "nospec", "static", "peer", "adaptive", "vllm", "hf"}
     for c in cells:
         check_cell(c)
     assert estimate_minutes(cells, 2) < estimate_minutes(full_plan(), 3) / 4

@@ -100,7 +100,7 @@ def test_config_file_then_env_overrides(tmp_path):
         (
             {"ADAPTIVE_SPEC_PROPOSERS": "ngram,foo"},
             "ADAPTIVE_SPEC_PROPOSERS='ngram,foo' is invalid (proposer 'foo' is not known)",
-            "none, ngram, jacobi, draft",
+            "none, ngram, jacobi, suffix, draft",
         ),
         (
             {"ADAPTIVE_SPEC_PROPOSERS": ""},
@@ -368,7 +368,7 @@ def test_register_refuses_bad_config_in_one_line_with_status_2():
     assert out.returncode == 2
     assert out.stderr.splitlines() == [
         "adaptive-spec: error: ADAPTIVE_SPEC_PROPOSERS='none,warp' is invalid (proposer 'warp' is not "
-        "known); allowed: a non-empty comma-separated list of none, ngram, jacobi, draft, "
+        "known); allowed: a non-empty comma-separated list of none, ngram, jacobi, suffix, draft, "
         "lora:<adapter>; fix: set ADAPTIVE_SPEC_PROPOSERS to a valid value (e.g. none,ngram,jacobi) "
         "or unset it for the default"
     ]

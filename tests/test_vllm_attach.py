@@ -318,8 +318,8 @@ def test_refused_policy_state_is_moved_aside_never_overwritten(tiny_llm, referen
 
     prompts, _ = reference
     path = tmp_path / "policy.json"
-    # A valid state, saved for other proposers: refused here, and must survive.
-    other = make_policy("adaptive", ["none", "ngram"], 4)
+    # A valid state, saved for another max_k (num_speculative_tokens): refused here, and must survive.
+    other = make_policy("adaptive", ["none", "ngram"], 8)
     other.n_steps = 123
     saved = policy_state_json(other)
     path.write_text(saved)
