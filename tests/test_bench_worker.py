@@ -36,6 +36,8 @@ def test_each_configuration_enables_only_its_proposers(name, proposers):
         ("static:ngram:4", "static:ngram:4", "StaticPolicy"),
         ("adaptive", "adaptive", "AdaptiveController"),
         ("adaptive-warm", "adaptive", "AdaptiveController"),
+        ("adaptive+suffix", "adaptive", "AdaptiveController"),
+        ("adaptive-ngram", "adaptive", "AdaptiveController"),
         ("smartspec:ngram", "smartspec:ngram", "SmartSpecPolicy"),
         ("banditspec:ngram", "banditspec:ngram", "BanditSpecPolicy"),
         ("table:ngram:1-2=4,3-16=1", "table:ngram", "BatchSizeTablePolicy"),

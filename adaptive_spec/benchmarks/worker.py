@@ -131,9 +131,9 @@ def make_bench_policy(name: str, proposers: list[str], max_k: int, seed: int = 0
     """
     from adaptive_spec.policies import make_policy
 
-    policy_name = (
-        "adaptive" if name in ("adaptive-warm", "adaptive+draft", "adaptive+lora") else name
-    )
+    # Every adaptive configuration (-warm, +draft, +lora, +suffix, -ngram) is the same controller;
+    # they differ in the proposers enabled (config_proposers) and the state loaded.
+    policy_name = "adaptive" if parse_config(name).kind == "adaptive" else name
     try:
         return make_policy(policy_name, proposers, max_k, seed=seed)
     except ValueError as e:
