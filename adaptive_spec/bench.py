@@ -1,4 +1,4 @@
-"""``adaptive-spec bench``: the adaptive controller against every peer, side by side (issue #7).
+"""``adaptive-spec bench``: the adaptive controller against every peer, side by side.
 
 Runs the same prompts, per cell (workload x concurrency x temperature), under every configuration: no
 speculation; every static arm (n-gram, Jacobi, and the draft model when one exists, k in 1, 2, 4, 8);
@@ -6,7 +6,7 @@ vLLM's own dynamic speculation with its batch-size table tuned on the workload f
 SmartSpec- and BanditSpec-style policies; Hugging Face prompt-lookup assisted generation and HF greedy at
 concurrency 1; and the adaptive controller from no prior knowledge and warm-started from a saved state.
 Repeats are interleaved; the report gives medians and paired ratios, checks greedy identity against the
-no-speculation run, and computes the goals of issue #7.
+no-speculation run, and computes the controller's goals.
 
 One engine per process (``adaptive_spec.benchmarks.worker``; HF: ``adaptive_spec.hf_peer``): the main
 n-gram engine runs every in-framework configuration; vLLM's tuned table, the draft model and HF each get
@@ -135,7 +135,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     p.add_argument("--verbose", action="store_true", help="echo the workers' full logs")
     p.set_defaults(func=main)
-    # `adaptive-spec bench serve`: the OpenAI-compatible server under load (issue #16).
+    # `adaptive-spec bench serve`: the OpenAI-compatible server under load.
     from adaptive_spec.benchmarks import serve as bench_serve
 
     bench_serve.add_parser(p.add_subparsers(dest="bench_command", metavar="{serve}"))

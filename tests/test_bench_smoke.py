@@ -76,7 +76,7 @@ def test_exit_code_and_table_printed_last(bench_run):
     proc, _ = bench_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout
-    goals_at = text.index("Goals (issue #7")
+    goals_at = text.index("Goals (embedded default model)")
     table_at = text.index("adaptive-spec bench: goodput")
     assert goals_at < table_at
     assert "results:" in text[:table_at]

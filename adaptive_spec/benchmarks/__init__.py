@@ -1,4 +1,4 @@
-"""``adaptive-spec bench``: the adaptive controller against every peer, side by side (issue #7).
+"""``adaptive-spec bench``: the adaptive controller against every peer, side by side.
 
 * :mod:`~adaptive_spec.benchmarks.plan`: configuration names, benchmark cells, the full and quick grids,
   and the tuning of vLLM's batch-size table from static runs;

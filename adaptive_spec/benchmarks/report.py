@@ -125,7 +125,7 @@ def print_tables(console: Any, cells: list[dict[str, Any]], goals: list[dict[str
     """Print the goals, then the main table (last): one row per cell and configuration."""
     from rich.table import Table
 
-    gt = Table(title="Goals (issue #7, embedded default model)")
+    gt = Table(title="Goals (embedded default model)")
     for col in ("goal", "what", "cell", "measured", "target", "met"):
         gt.add_column(col, justify="right" if col in ("measured", "target") else "left")
     for g in goals:

@@ -1,5 +1,5 @@
 """``adaptive-spec bench serve``: the OpenAI-compatible server under changing load, measured with vLLM's own
-serving benchmark client (issue #16).
+serving benchmark client.
 
 For each configuration (``--configs``): start ``python -m vllm.entrypoints.openai.api_server`` with the
 adaptive-spec plugin as docs/serving.md describes (or without speculation, or with vLLM's own n-gram

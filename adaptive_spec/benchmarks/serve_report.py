@@ -101,7 +101,7 @@ def print_tables(console: Any, data: dict[str, Any]) -> None:
     from rich.table import Table
 
     if data.get("goals"):
-        gt = Table(title="Goals (issue #16)")
+        gt = Table(title="Goals (server under load)")
         for col in ("goal", "configuration", "pattern", "measured", "target", "met", "note"):
             gt.add_column(col)
         for g in data["goals"]:

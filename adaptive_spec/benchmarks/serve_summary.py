@@ -1,5 +1,5 @@
 """Figures derived from ``adaptive-spec bench serve``'s runs: acceptance from the ``/metrics`` deltas, greedy
-identity across configurations, ratios per pattern, the goals of issue #16, and vLLM's batch-size table
+identity across configurations, ratios per pattern, the server's goals, and vLLM's batch-size table
 tuned from the static runs.
 
 A **run** is one configuration under one pattern: a dict with the client's merged figures
@@ -258,7 +258,7 @@ def goals(
     configs: dict[str, ServerConfig],
     patterns: dict[str, str],
 ) -> list[dict[str, Any]]:
-    """The goals of issue #16 for each adaptive configuration that ran.
+    """The server goals for each adaptive configuration that ran.
 
     * ``dynamic``: over each ramp and burst pattern, output tokens/s >= 1.10x every static
       configuration and the table, and p99 TPOT <= the lowest of theirs;

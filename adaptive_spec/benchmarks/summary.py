@@ -1,4 +1,4 @@
-"""From runs to figures: medians, paired ratios, the best static arm, and the goals of issue #7.
+"""From runs to figures: medians, paired ratios, the best static arm, and the controller's goals.
 
 Ratios (the machine drifts between repeats, ``docs/benchmarks.md``, so ratios are paired where they can be):
 
@@ -189,7 +189,7 @@ def _goal(gid: str, description: str, cell_id: str | None, measured, missing, *,
 
 
 def compute_goals(cells: list[dict[str, Any]], adaptive: str = "adaptive") -> list[dict[str, Any]]:
-    """The goals of the controller (issue #13), each with its measured ratio, threshold and met/unmet
+    """The goals of the controller, each with its measured ratio, threshold and met/unmet
     (``met`` is None when a cell or configuration it needs was not run or is invalid).
 
     * ``A:<cell>``: in every cell, adaptive from cold start >= 0.98x the cell's best static arm;
