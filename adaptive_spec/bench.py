@@ -40,6 +40,7 @@ from adaptive_spec.benchmarks.plan import (
     tune_table,
 )
 from adaptive_spec.machine import dtype_arg
+from adaptive_spec.run import _positive_int
 
 SCHEMA = "adaptive-spec-bench"
 VERSION = 1
@@ -50,16 +51,6 @@ WORKER_MODULES = {
     "draft": "adaptive_spec.benchmarks.worker",
     "hf": "adaptive_spec.hf_peer",
 }
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} is invalid; allowed: an integer >= 1")
-    return v
 
 
 def _csv(text: str | None) -> list[str]:
