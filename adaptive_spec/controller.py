@@ -569,10 +569,9 @@ class AdaptiveController(SpecPolicy):
             slots = pend["slots"][rows]
             same = pend["same"][rows]
             base_same = float(lens[same].sum())  # rows that played the baseline's arm
-            diff = ~same
-            if diff.any():
-                keep = np.repeat(diff, lens)
-                self.tracker.commit_flat(slots[diff], lens[diff], tok[keep])
+            # Every row's tokens: a draft registered on an earlier step is resolved by the tokens
+            # committed after it, whatever the request played since.
+            self.tracker.commit_flat(slots, lens, tok)
         else:
             base_same = 0.0
         # The step's time under the baseline: measured + the table's difference.

@@ -95,7 +95,9 @@ class StepCostModel:
         self.abs_log_residual = 0.05  # moving average of |log residual| after the load factor
 
     def _reset_cells(self) -> None:
-        self._at: dict[tuple[int, int], float] = {}
+        # Per batch size, the table's curve over V = 0..n (grown by doubling): the per-step path
+        # slices it instead of interpolating the table again (cleared when the table changes).
+        self._curves: dict[int, np.ndarray] = {}
         self._cell_of: dict[tuple[int, int], tuple[int, int]] = {}
         shape = self.table.seconds.shape
         self._cell_w = np.zeros(shape)
@@ -107,20 +109,26 @@ class StepCostModel:
         return math.exp(self.log_load)
 
     # -- prediction --------------------------------------------------------------------------------
+    def _base_curve(self, batch_size: int, max_tokens: int) -> np.ndarray:
+        c = self._curves.get(batch_size)
+        if c is None or c.shape[0] <= max_tokens:
+            n = max(64, max_tokens, 2 * (c.shape[0] if c is not None else 0))
+            if len(self._curves) > 1024:
+                self._curves.clear()
+            c = self._curves[batch_size] = self.table.curve(batch_size, n)
+        return c
+
     def curve(self, batch_size: int, max_tokens: int) -> np.ndarray:
         """Predicted step time for ``V = 0..max_tokens``: float64 [max_tokens + 1], non-decreasing."""
-        return self.load * self.table.curve(batch_size, max_tokens)
+        return (
+            self.load * self._base_curve(int(batch_size), max(int(max_tokens), 0))[: max_tokens + 1]
+        )
 
     def at(self, batch_size: int, verified_tokens: int) -> float:
-        """Predicted step time (seconds) of one decode step (cached per ``(B, V)`` between two
-        refreshes of the table: the per-step path)."""
-        key = (batch_size, verified_tokens)
-        base = self._at.get(key)
-        if base is None:
-            if len(self._at) > 4096:
-                self._at.clear()
-            base = self._at[key] = float(self.table.predict(batch_size, verified_tokens))
-        return self.load * base
+        """Predicted step time (seconds) of one decode step (from the cached curve of
+        ``batch_size``: the per-step path)."""
+        v = int(verified_tokens)
+        return self.load * float(self._base_curve(int(batch_size), v)[v])
 
     def predict(
         self, batch_size: float, verified_tokens: Any, prefill_tokens: Any = 0
@@ -240,7 +248,7 @@ class StepCostModel:
         # The applied corrections are in the table now; what the next window sees is measured anew.
         self._cell_r = r * 0.0
         self._cell_w = w * 0.0
-        self._at = {}
+        self._curves = {}
         self.n_refreshes += 1
 
     # -- state ------------------------------------------------------------------------------------

@@ -206,3 +206,36 @@ def test_acceptance_is_calibrated_in_replay():
     assert cal["n"] > 1000 and cal["ece"] < 0.05, cal
     first = cal["by_position"][0]
     assert abs(first["predicted"] - first["observed"]) < 0.05
+
+
+def test_every_committed_token_reaches_the_baseline_tracker():
+    """A baseline draft registered on one step is resolved by the tokens committed after it, also
+    when the request plays the baseline's own arm on the next steps: the tracker must see every
+    row's tokens (it once saw only the rows that deviated, and then resolved such drafts against a
+    resynchronised, empty history, which overstated the controller's ratio to the baseline)."""
+
+    class Checked(AdaptiveController):
+        mismatches = 0
+        checked = 0
+
+        def decide(self, view):
+            for r in view.requests:  # requests the tracker follows already: in step with the engine
+                s = self._slot.get(r.req_id)
+                if s is not None:
+                    self.checked += 1
+                    self.mismatches += int(self.tracker.length[s] != r.num_output_tokens)
+            return super().decide(view)
+
+    reqs = make_requests(stationary(COPY, 4, 256) + stationary(WEAK, 4, 256), K, seed=7)
+    ctrl = Checked(["ngram"], K, baseline=f"table:ngram:{_table_text()}", cost_table=cpu_table())
+    res = replay(reqs, ctrl, TableCostProfile(cpu_table()), max_batch=4)
+    assert res.goodput > 0 and ctrl.checked > 500
+    assert ctrl.mismatches == 0, (ctrl.mismatches, ctrl.checked)
+    # and the live estimate of the ratio is then close to the truth
+    base = replay(
+        reqs,
+        BatchSizeTablePolicy(["ngram"], K, "ngram", TABLE),
+        TableCostProfile(cpu_table()),
+        max_batch=4,
+    )
+    assert ctrl.guard.ratio() == pytest.approx(res.goodput / base.goodput, rel=0.03)
