@@ -17,7 +17,9 @@ Hooks (verified on vLLM 0.32.0's CPU build, ``docs/architecture.md``), all insta
   ``update_draft_token_ids`` (so vLLM's checks for finished requests, prefill chunks and structured
   output still apply). If the controller raises, that step uses the engine's drafts unchanged;
 * the runner's ``RejectionSampler.forward``: records the target's argmax at every verified position
-  (Jacobi's next iterate and the trace's counterfactual data), then calls vLLM's sampler unchanged.
+  (Jacobi's next iterate and the trace's counterfactual data), then calls vLLM's sampler unchanged;
+  a step in which no request has a draft token is sampled by vLLM's own sampler on the bonus rows,
+  without the rejection sampler's per-vocabulary noise (:mod:`adaptive_spec.vllm.sampling`).
 
 Verification stays vLLM's rejection sampler, so the output distribution at temperature > 0 is the
 target's; drafts only change how many tokens a step can commit, never which.
@@ -340,8 +342,13 @@ class AdaptiveSpec:
                 f"this engine uses method={spec_config.method!r}"
             )
         from adaptive_spec.vllm.cpu_fixes import fix_cpu_expand_kernel
+        from adaptive_spec.vllm.sampling import fix_recovered_token_noise
 
         fix_cpu_expand_kernel()  # vLLM 0.32 CPU: per-token temperatures at temperature > 0 (see module)
+        fix_recovered_token_noise()  # vLLM 0.32 CPU: recovered-token noise only where drafts are
+        self.plain_sampler_steps = (
+            0  # steps without draft tokens sampled without the rejection sampler
+        )
         self.llm = llm
         self.core = core
         self.scheduler = core.scheduler
@@ -618,6 +625,7 @@ class AdaptiveSpec:
         orig_post = self._patch(core, "post_step", None)
         rs = self.runner.rejection_sampler
         orig_rs = self._patch(rs, "forward", None)
+        from adaptive_spec.vllm.sampling import sample_without_drafts
 
         def schedule(*args: Any, **kwargs: Any) -> Any:
             self._t_schedule = time.perf_counter()
@@ -679,6 +687,16 @@ class AdaptiveSpec:
             except Exception as e:
                 self.driver.fault("target argmax", e)
             self._hook_s += time.perf_counter() - t0
+            # A step without draft tokens: vLLM's sampler on the bonus rows, as the rejection sampler
+            # would sample them, without its per-vocabulary noise (adaptive_spec.vllm.sampling).
+            try:
+                out = sample_without_drafts(rs.sampler, metadata, logits, sampling_metadata)
+            except Exception as e:
+                self.driver.fault("sampler without drafts", e)
+                out = None
+            if out is not None:
+                self.plain_sampler_steps += 1
+                return out
             return orig_rs(metadata, draft_probs, logits, sampling_metadata)
 
         # Install the real closures (the placeholders above recorded the originals).
@@ -966,12 +984,15 @@ class AdaptiveSpec:
     def stats(self) -> dict[str, Any]:
         """Per arm, per proposer and per category: request-steps, drafted, accepted, acceptance rate, mean
         accepted length (tokens committed per verification) and attributed goodput (tokens/s); plus step
-        totals, controller overhead, faults and (for the adaptive controller) the safety rule's
-        standing against its baseline. Definitions: :mod:`adaptive_spec.metrics`."""
+        totals, controller overhead, faults, the steps without draft tokens sampled without the
+        rejection sampler (``plain_sampler_steps``, :mod:`adaptive_spec.vllm.sampling`) and (for the
+        adaptive controller) the safety rule's standing against its baseline. Definitions:
+        :mod:`adaptive_spec.metrics`."""
         d = self.metrics.as_dict()
         d["policy"] = self.policy.name
         d["max_k"] = self.max_k
         d["tracked_requests"] = self.driver.num_tracked()
+        d["plain_sampler_steps"] = self.plain_sampler_steps
         ctrl = getattr(self.policy, "stats", None)
         if callable(ctrl):
             try:
