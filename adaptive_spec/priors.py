@@ -59,7 +59,13 @@ def shipped_prior(key: dict[str, Any]) -> dict[str, Any] | None:
 def apply_prior(controller: Any, key: dict[str, Any]) -> bool:
     """Give an :class:`~adaptive_spec.controller.AdaptiveController` with no learned state the shipped
     prior of its model (the proposers it shares with the prior). Returns whether one was applied; a
-    prior that does not fit is skipped with a warning."""
+    prior that does not fit is skipped with a warning, and a policy without an
+    :class:`~adaptive_spec.acceptance.AcceptanceModel` gets none."""
+    from adaptive_spec.acceptance import AcceptanceModel
+
+    # A policy without per-position acceptance counts (e.g. a SmartSpec-style peer) gets none.
+    if not isinstance(getattr(controller, "acceptance", None), AcceptanceModel):
+        return False
     state = shipped_prior(key)
     if state is None:
         return False

@@ -140,3 +140,17 @@ def test_calibration_on_the_engine_measures_the_planned_cells_and_changes_nothin
         json.loads(next((tmp_path / "cost-tables").glob("*.json")).read_text())["source"]
         == "calibrated"
     )
+
+
+def test_a_policy_without_acceptance_counts_gets_no_prior():
+    """A SmartSpec-style peer has an ``acceptance(req_id)`` method, not an AcceptanceModel: the shipped
+    prior is skipped for it (it once failed the peer's whole benchmark configuration with
+    "'function' object has no attribute 'load_state_dict'"), and the controller still gets one."""
+    from adaptive_spec.sim.peers import SmartSpecPolicy
+
+    from adaptive_spec.priors import apply_prior, shipped_prior
+
+    key = next(t.key for t in cost_tables.shipped_tables() if shipped_prior(t.key) is not None)
+    peer = SmartSpecPolicy(["ngram"], 8, proposer="ngram")
+    assert apply_prior(peer, key) is False
+    assert apply_prior(AdaptiveController(["ngram", "jacobi"], 8), key) is True
