@@ -346,9 +346,8 @@ class AdaptiveSpec:
 
         fix_cpu_expand_kernel()  # vLLM 0.32 CPU: per-token temperatures at temperature > 0 (see module)
         fix_recovered_token_noise()  # vLLM 0.32 CPU: recovered-token noise only where drafts are
-        self.plain_sampler_steps = (
-            0  # steps without draft tokens sampled without the rejection sampler
-        )
+        # Steps without draft tokens sampled without the rejection sampler (stats()).
+        self.plain_sampler_steps = 0
         self.llm = llm
         self.core = core
         self.scheduler = core.scheduler

@@ -21,8 +21,8 @@ requests with draft tokens are ever read by the recovered-token kernel.
   what it drew before. Process-wide, idempotent, CPU platform only (on a GPU the full draw costs
   microseconds).
 
-Both change no output distribution: the greedy identity and sampled-distribution tests run through
-them (``tests/test_vllm_sampling.py``).
+Both change no output distribution: ``tests/test_vllm_sampling.py`` checks that, from the same random
+state, they give the tokens vLLM's rejection sampler gives (greedy, sampled, and a seeded request).
 """
 
 from __future__ import annotations
