@@ -117,6 +117,13 @@ def main(args: argparse.Namespace) -> int:
         f"drafts, +{1e3 * table.speculation_overhead(4):.2f} ms to speculate at all, "
         f"{1e3 * (table.predict(4, 16) - table.predict(4, 0)):.1f} ms more for 16 draft tokens"
     )
+    if table.sampled is not None:
+        console.print(
+            f"sampled (temperature > 0): at batch 4, +{1e3 * table.speculation_overhead(4, True):.2f} "
+            f"ms to speculate at all, "
+            f"{1e3 * (table.predict(4, 16, sampled=1) - table.predict(4, 0, sampled=1)):.1f} ms more "
+            "for 16 draft tokens"
+        )
     written = [out / f"cost_table-{slug}.json"]
     if args.ship:
         ship = Path(__file__).resolve().parent / "data" / "cost_tables" / f"{slug}.json"

@@ -15,7 +15,9 @@ proposers (all of it vectorised over the batch):
    the prefix of ``V`` draft tokens that maximises predicted goodput
    ``(N + sum of the V best gains) / t(B, V)``, with ``t`` the measured step-cost table
    (:class:`~adaptive_spec.cost_model.StepCostModel`), which charges the fixed cost of speculating at
-   all at ``V = 1``. Because a request's gains fall with position, the prefix is a per-request k.
+   all at ``V = 1`` and, for the share of requests that sample (temperature > 0), the table's sampled
+   part (verification costs more there). Because a request's gains fall with position, the prefix is
+   a per-request k.
 4. **Safety** (:mod:`adaptive_spec.safety`): the baseline's decision (by default an n-gram
    batch-size table, as vLLM's ``num_speculative_tokens_per_batch_size``) is computed too; the
    controller plays its own decision only if a lower bound on its tokens and an upper bound on its
@@ -371,7 +373,9 @@ class AdaptiveController(SpecPolicy):
         rows = self._rows(N)
         g = gains[rows, choice]  # [N, K]
         g[~offered[rows, choice]] = -np.inf
-        ks, lam, t_curve, v_max = self._allocate(g, view.batch_size, N)
+        # The share of requests that sample: their verification costs more (the sampled table).
+        sampled = float(temp.mean())
+        ks, lam, t_curve, v_max = self._allocate(g, view.batch_size, N, sampled)
         # The baseline's decision, and the safety rule.
         B = view.batch_size
         bp = self._base_index
@@ -382,8 +386,8 @@ class AdaptiveController(SpecPolicy):
         V = int(ks.sum())
         Vb = int(kb.sum())
         if not (np.array_equal(ks, kb) and (bp < 0 or bool((choice[ks > 0] == bp).all()))):
-            t_pred = float(t_curve[V]) if v_max >= V else self.cost.at(B, V)
-            tb_pred = float(t_curve[Vb]) if v_max >= Vb else self.cost.at(B, Vb)
+            t_pred = float(t_curve[V]) if v_max >= V else self.cost.at(B, V, sampled)
+            tb_pred = float(t_curve[Vb]) if v_max >= Vb else self.cost.at(B, Vb, sampled)
             gsel = np.where(self._jpos[None, :] < ks[:, None], g, 0.0)
             e_ctrl = N + float(gsel.sum())
             lcb = max(float(N), e_ctrl - 2.0 * math.sqrt(float((gsel * (1 - gsel)).sum())))
@@ -462,6 +466,7 @@ class AdaptiveController(SpecPolicy):
             "hist": hist,
             "match": match,
             "batch_size": B,
+            "sampled": sampled,
             "Vb": Vb,
             "alpha": alpha if self.record_calibration else None,
             "same": ~differ,
@@ -476,18 +481,19 @@ class AdaptiveController(SpecPolicy):
         return self._rows_cache[:n]
 
     def _allocate(
-        self, g: np.ndarray, batch_size: int, N: int
+        self, g: np.ndarray, batch_size: int, N: int, sampled: float = 0.0
     ) -> tuple[np.ndarray, float, np.ndarray, int]:
         """Draft tokens per request maximising predicted goodput (step 3 of the module docstring).
 
         ``g``: float64 [N, K], the gain of each request's j-th draft token (``-inf`` where not offered),
-        non-increasing along j. Returns ``(ks, lambda, t_curve, v_max)``."""
+        non-increasing along j; ``sampled``: the share of requests with temperature > 0 (which step-cost
+        part prices the step). Returns ``(ks, lambda, t_curve, v_max)``."""
         K = self.max_k
         flat = g.reshape(-1)
         order = np.argsort(-flat, kind="stable")
         finite = np.isfinite(flat)
         v_max = int(finite.sum())
-        t_curve = self.cost.curve(max(batch_size, N), v_max)
+        t_curve = self.cost.curve(max(batch_size, N), v_max, sampled)
         if v_max == 0:
             return np.zeros(N, dtype=np.int64), 0.0, t_curve, 0
         top = flat[order[:v_max]]
@@ -536,10 +542,15 @@ class AdaptiveController(SpecPolicy):
     def observe(self, outcome: StepOutcome) -> None:
         """Learn from one step (see the module docstring)."""
         t = outcome.step_time_s
-        self.cost.update(
-            outcome.batch_size, outcome.num_verified_tokens, t, outcome.num_prefill_tokens
-        )
         pend, self._pending = self._pending, None
+        sampled = pend["sampled"] if pend is not None else 0.0
+        self.cost.update(
+            outcome.batch_size,
+            outcome.num_verified_tokens,
+            t,
+            outcome.num_prefill_tokens,
+            sampled=sampled,
+        )
         if pend is None:  # nothing was decided for this step (prefill only): not the guard's
             self._finish_released(outcome)
             return
@@ -577,7 +588,9 @@ class AdaptiveController(SpecPolicy):
         # The step's time under the baseline: measured + the table's difference.
         if math.isfinite(t) and t > 0:
             B = pend["batch_size"]
-            dt = self.cost.at(B, pend["Vb"]) - self.cost.at(B, outcome.num_verified_tokens)
+            dt = self.cost.at(B, pend["Vb"], sampled) - self.cost.at(
+                B, outcome.num_verified_tokens, sampled
+            )
             self.tracker.set_step_times(pend["step"], max(t + dt, 1e-9), run_tokens, t, base_same)
         fin = None
         if finished:

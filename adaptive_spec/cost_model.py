@@ -17,6 +17,10 @@ without data take the correction interpolated between the corrected cells of the
 data: the nearest row's), and the table is made monotone again. A table that is wrong (e.g. claims that a draft token costs
 100 ms) is thereby repaired wherever steps are observed; the controller's probes make sure some are.
 
+A step in which a share ``s`` of the requests samples (temperature > 0) is predicted from the
+table's greedy and sampled parts, ``(1 - s) * greedy + s * sampled`` (see
+:mod:`adaptive_spec.cost_table`); its residual corrects both parts' shape alike.
+
 Steps that also prefill prompt tokens are not learned from (their cost is dominated by the prefill);
 their extra time per prompt token is tracked separately for reporting. A step time that is NaN,
 infinite, zero or negative is ignored and counted.
@@ -95,9 +99,10 @@ class StepCostModel:
         self.abs_log_residual = 0.05  # moving average of |log residual| after the load factor
 
     def _reset_cells(self) -> None:
-        # Per batch size, the table's curve over V = 0..n (grown by doubling): the per-step path
-        # slices it instead of interpolating the table again (cleared when the table changes).
-        self._curves: dict[int, np.ndarray] = {}
+        # Per (batch size, sampled part), the table's curve over V = 0..n (grown by doubling): the
+        # per-step path slices it instead of interpolating the table again (cleared when the table
+        # changes).
+        self._curves: dict[tuple[int, bool], np.ndarray] = {}
         self._cell_of: dict[tuple[int, int], tuple[int, int]] = {}
         shape = self.table.seconds.shape
         self._cell_w = np.zeros(shape)
@@ -109,32 +114,50 @@ class StepCostModel:
         return math.exp(self.log_load)
 
     # -- prediction --------------------------------------------------------------------------------
-    def _base_curve(self, batch_size: int, max_tokens: int) -> np.ndarray:
-        c = self._curves.get(batch_size)
+    def _part_curve(self, batch_size: int, max_tokens: int, sampled: bool) -> np.ndarray:
+        sampled = sampled and self.table.sampled is not None
+        c = self._curves.get((batch_size, sampled))
         if c is None or c.shape[0] <= max_tokens:
             n = max(64, max_tokens, 2 * (c.shape[0] if c is not None else 0))
             if len(self._curves) > 1024:
                 self._curves.clear()
-            c = self._curves[batch_size] = self.table.curve(batch_size, n)
+            part = self.table.for_sampling() if sampled else self.table
+            c = self._curves[(batch_size, sampled)] = part.curve(batch_size, n)
         return c
 
-    def curve(self, batch_size: int, max_tokens: int) -> np.ndarray:
-        """Predicted step time for ``V = 0..max_tokens``: float64 [max_tokens + 1], non-decreasing."""
+    def _base_curve(self, batch_size: int, max_tokens: int, sampled: float = 0.0) -> np.ndarray:
+        if sampled <= 0.0 or self.table.sampled is None:
+            return self._part_curve(batch_size, max_tokens, False)
+        cs = self._part_curve(batch_size, max_tokens, True)
+        if sampled >= 1.0:
+            return cs
+        cg = self._part_curve(batch_size, max_tokens, False)
+        n = min(cg.shape[0], cs.shape[0])
+        return (1.0 - sampled) * cg[:n] + sampled * cs[:n]
+
+    def curve(self, batch_size: int, max_tokens: int, sampled: float = 0.0) -> np.ndarray:
+        """Predicted step time for ``V = 0..max_tokens``: float64 [max_tokens + 1], non-decreasing.
+        ``sampled``: the share (0..1) of the step's requests with temperature > 0."""
         return (
-            self.load * self._base_curve(int(batch_size), max(int(max_tokens), 0))[: max_tokens + 1]
+            self.load
+            * self._base_curve(int(batch_size), max(int(max_tokens), 0), sampled)[: max_tokens + 1]
         )
 
-    def at(self, batch_size: int, verified_tokens: int) -> float:
+    def at(self, batch_size: int, verified_tokens: int, sampled: float = 0.0) -> float:
         """Predicted step time (seconds) of one decode step (from the cached curve of
-        ``batch_size``: the per-step path)."""
+        ``batch_size``: the per-step path); ``sampled`` as in :meth:`curve`."""
         v = int(verified_tokens)
-        return self.load * float(self._base_curve(int(batch_size), v)[v])
+        return self.load * float(self._base_curve(int(batch_size), v, sampled)[v])
 
     def predict(
-        self, batch_size: float, verified_tokens: Any, prefill_tokens: Any = 0
+        self,
+        batch_size: float,
+        verified_tokens: Any,
+        prefill_tokens: Any = 0,
+        sampled: float = 0.0,
     ) -> np.ndarray | float:
         """Predicted step time (seconds); broadcasts over ``verified_tokens``."""
-        base = self.table.predict(batch_size, verified_tokens)
+        base = self.table.predict(batch_size, verified_tokens, sampled=sampled)
         extra = self.prefill_s_per_token * np.asarray(prefill_tokens, dtype=float)
         out = self.load * base + extra
         return float(out) if np.ndim(out) == 0 else out
@@ -156,9 +179,11 @@ class StepCostModel:
         verified_tokens: int,
         step_time_s: float,
         prefill_tokens: int = 0,
+        sampled: float = 0.0,
     ) -> bool:
-        """Learn from one measured step. Returns False (and counts it) when it is ignored: a bad time
-        or count. Prefill steps only update the prefill price."""
+        """Learn from one measured step (``sampled``: the share of its requests with temperature
+        > 0). Returns False (and counts it) when it is ignored: a bad time or count. Prefill steps
+        only update the prefill price."""
         if (
             isinstance(step_time_s, bool)
             or not isinstance(step_time_s, int | float)
@@ -172,10 +197,10 @@ class StepCostModel:
             return False
         if self.scale_on_first and self.n_updates == 0 and prefill_tokens == 0:
             # A prior table: scale it to the first decode step (only its shape is a guess).
-            pred0 = float(self.table.predict(batch_size, verified_tokens))
+            pred0 = float(self.table.predict(batch_size, verified_tokens, sampled=sampled))
             self.table = self.table.scaled(step_time_s / pred0)
             self._reset_cells()
-        pred = self.at(batch_size, verified_tokens) / self.load
+        pred = self.at(batch_size, verified_tokens, sampled) / self.load
         if prefill_tokens > 0:
             extra = (step_time_s - self.load * pred) / prefill_tokens
             w = 0.1 if self.n_prefill else 1.0
@@ -231,9 +256,25 @@ class StepCostModel:
         corr = corr[rows[np.abs(bidx[:, None] - rows[None, :]).argmin(axis=1)]]
         t = self.table
         counts = (t.counts if t.counts is not None else np.zeros_like(w)) + w
-        seconds = make_monotone(
-            t.seconds * np.exp(corr), counts + 1.0, rows=np.flatnonzero(corr.any(axis=1))
+        changed = np.flatnonzero(corr.any(axis=1))
+        seconds = make_monotone(t.seconds * np.exp(corr), counts + 1.0, rows=changed)
+        source = (
+            t.source
+            if t.source == "learned" or t.source.endswith("+learned")
+            else ("learned" if t.source == "prior" else f"{t.source}+learned")
         )
+        sampled = None
+        if t.sampled is not None:  # the same shape correction (module docstring)
+            s = t.sampled
+            s_counts = (s.counts if s.counts is not None else np.zeros_like(w)) + w
+            sampled = StepCostTable(
+                t.batch_sizes,
+                t.draft_tokens,
+                make_monotone(s.seconds * np.exp(corr), s_counts + 1.0, rows=changed),
+                counts=s_counts,
+                key=t.key,
+                source=source,
+            )
         self.table = StepCostTable(
             t.batch_sizes,
             t.draft_tokens,
@@ -241,9 +282,8 @@ class StepCostModel:
             counts=counts,
             prefill_s_per_token=t.prefill_s_per_token,
             key=t.key,
-            source=t.source
-            if t.source == "learned" or t.source.endswith("+learned")
-            else ("learned" if t.source == "prior" else f"{t.source}+learned"),
+            source=source,
+            sampled=sampled,
         )
         # The applied corrections are in the table now; what the next window sees is measured anew.
         self._cell_r = r * 0.0

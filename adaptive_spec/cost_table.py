@@ -19,6 +19,13 @@ ships one), the approach of vLLM's DSpark adaptive verification (profiled tables
 
 Prediction between grid points is linear in ``V`` (integer ``V``, so ``0 -> 1`` is the step, never
 interpolated) and in ``B``; beyond the last grid point it extends the last segment's slope.
+
+**Sampling.** A table may carry a second one of the same grid, ``sampled``: the step time when every
+request in the step samples (temperature > 0). Verification costs more there: vLLM's rejection sampler
+takes a softmax over the vocabulary of every verified row and draws recovered tokens for the rows
+with draft tokens, where a greedy step takes argmaxes (on the embedded default at batch 16 this was
+about 2-3 ms more per draft token). A step in which a share ``s`` of the requests samples is predicted
+as ``(1 - s) * greedy + s * sampled``; without a sampled table the greedy one stands in.
 """
 
 from __future__ import annotations
@@ -103,11 +110,15 @@ class StepCostTable:
         What the table was measured on (model, dtype, threads, device, vllm); :meth:`matches` compares it.
     source : str
         Where it came from (``calibrated``, ``shipped``, ``prior``, ``learned``).
+    sampled : StepCostTable, optional
+        The same grid measured with every request sampling (temperature > 0); it has no ``sampled``
+        of its own. ``None``: the greedy table stands in for sampled steps.
 
     Raises
     ------
     ValueError
-        For a bad grid or a table of the wrong shape or with a non-finite or non-positive entry.
+        For a bad grid or a table of the wrong shape or with a non-finite or non-positive entry, or a
+        ``sampled`` table on another grid.
 
     Examples
     --------
@@ -123,6 +134,7 @@ class StepCostTable:
     prefill_s_per_token: float = 0.0
     key: dict[str, Any] = field(default_factory=dict)
     source: str = "measured"
+    sampled: StepCostTable | None = None
     _curves: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -146,6 +158,18 @@ class StepCostTable:
         monotone = (np.diff(t, axis=1) >= 0).all() and (np.diff(t, axis=0) >= 0).all()
         self.seconds = t if monotone else make_monotone(t, c + 1.0)
         self._curves = {}
+        if self.sampled is not None:
+            sp = self.sampled
+            if (
+                not isinstance(sp, StepCostTable)
+                or sp.sampled is not None
+                or not np.array_equal(sp.batch_sizes, self.batch_sizes)
+                or not np.array_equal(sp.draft_tokens, self.draft_tokens)
+            ):
+                raise ValueError(
+                    "sampled must be a StepCostTable on the same batch_sizes and draft_tokens grid, "
+                    "without a sampled table of its own"
+                )
 
     # -- construction -----------------------------------------------------------------------------
     @classmethod
@@ -205,14 +229,32 @@ class StepCostTable:
                 f"cost table version {data.get('version')!r}; this build reads {VERSION}"
             )
         try:
+            bg = np.asarray(data["batch_sizes"], dtype=np.int64)
+            vg = np.asarray(data["draft_tokens"], dtype=np.int64)
+            key = dict(data.get("key") or {})
+            source = str(data.get("source", "loaded"))
+            sampled = None
+            sd = data.get("sampled")
+            if sd is not None:
+                if not isinstance(sd, Mapping):
+                    raise TypeError("sampled is not a mapping")
+                sampled = cls(
+                    bg,
+                    vg,
+                    np.asarray(sd["seconds"], dtype=float),
+                    counts=None if sd.get("counts") is None else np.asarray(sd["counts"], float),
+                    key=key,
+                    source=source,
+                )
             return cls(
-                np.asarray(data["batch_sizes"], dtype=np.int64),
-                np.asarray(data["draft_tokens"], dtype=np.int64),
+                bg,
+                vg,
                 np.asarray(data["seconds"], dtype=float),
                 counts=None if data.get("counts") is None else np.asarray(data["counts"], float),
                 prefill_s_per_token=float(data.get("prefill_s_per_token", 0.0)),
-                key=dict(data.get("key") or {}),
-                source=str(data.get("source", "loaded")),
+                key=key,
+                source=source,
+                sampled=sampled,
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"cost table has a missing or malformed field ({e})") from None
@@ -228,6 +270,12 @@ class StepCostTable:
             "seconds": np.round(self.seconds, 7).tolist(),
             "counts": self.counts.tolist() if self.counts is not None else None,
             "prefill_s_per_token": self.prefill_s_per_token,
+            "sampled": None
+            if self.sampled is None
+            else {
+                "seconds": np.round(self.sampled.seconds, 7).tolist(),
+                "counts": self.sampled.counts.tolist() if self.sampled.counts is not None else None,
+            },
         }
 
     def copy(self) -> StepCostTable:
@@ -239,7 +287,12 @@ class StepCostTable:
             prefill_s_per_token=self.prefill_s_per_token,
             key=dict(self.key),
             source=self.source,
+            sampled=None if self.sampled is None else self.sampled.copy(),
         )
+
+    def for_sampling(self) -> StepCostTable:
+        """The table of steps in which every request samples (this one when none was measured)."""
+        return self if self.sampled is None else self.sampled
 
     def scaled(self, factor: float) -> StepCostTable:
         """The same shape with every cell times ``factor`` (> 0)."""
@@ -248,6 +301,8 @@ class StepCostTable:
         out = self.copy()
         out.seconds = out.seconds * factor
         out.prefill_s_per_token *= factor
+        if out.sampled is not None:
+            out.sampled.seconds = out.sampled.seconds * factor
         return out
 
     # -- prediction -------------------------------------------------------------------------------
@@ -289,12 +344,16 @@ class StepCostTable:
         return out
 
     def predict(
-        self, batch_size: float, draft_tokens: Any, prefill_tokens: Any = 0
+        self, batch_size: float, draft_tokens: Any, prefill_tokens: Any = 0, sampled: float = 0.0
     ) -> np.ndarray | float:
         """Step time (seconds) of a step with ``batch_size`` requests verifying ``draft_tokens`` draft
-        tokens (broadcasts over an array of V) and ``prefill_tokens`` prompt tokens."""
+        tokens (broadcasts over an array of V) and ``prefill_tokens`` prompt tokens; ``sampled``: the
+        share of the requests that sample (0..1, see the module docstring)."""
         v = np.asarray(draft_tokens, dtype=float)
         r = self.row(batch_size)
+        if sampled > 0 and self.sampled is not None:
+            s = min(float(sampled), 1.0)
+            r = (1.0 - s) * r + s * self.sampled.row(batch_size)
         vg = self.draft_tokens.astype(float)
         out = np.interp(v, vg, r)
         slope = max((r[-1] - r[-2]) / (vg[-1] - vg[-2]), 0.0)
@@ -302,9 +361,10 @@ class StepCostTable:
         out = out + self.prefill_s_per_token * np.asarray(prefill_tokens, dtype=float)
         return float(out) if out.ndim == 0 else out
 
-    def speculation_overhead(self, batch_size: float) -> float:
-        """Seconds a step pays to verify its first draft token: ``t(B, 1) - t(B, 0)``."""
-        r = self.row(batch_size)
+    def speculation_overhead(self, batch_size: float, sampled: bool = False) -> float:
+        """Seconds a step pays to verify its first draft token: ``t(B, 1) - t(B, 0)`` (of the
+        sampled table with ``sampled``)."""
+        r = (self.for_sampling() if sampled else self).row(batch_size)
         return float(r[1] - r[0])
 
     def matches(self, key: Mapping[str, Any], fields: tuple[str, ...] = ("model", "dtype")) -> bool:

@@ -119,6 +119,7 @@ class SmartSpecPolicy(SpecPolicy):
         self.prior = float(prior_acceptance)
         self.cost = StepCostModel(cost_table)
         self._req: dict[str, _Ema] = {}
+        self._sampled = 0.0  # share of the last decided step's requests with temperature > 0
         self.name = f"smartspec:{self.proposer}"
 
     def acceptance(self, req_id: str) -> float:
@@ -140,6 +141,8 @@ class SmartSpecPolicy(SpecPolicy):
             if self.score_unverified and d is not None and d.size:
                 self._drafts[r.req_id] = np.asarray(d[: self.max_k])
         ks = np.zeros(B, dtype=np.int64)
+        # The share of requests that sample prices the step with the table's sampled part.
+        self._sampled = sum(1 for r in view.requests if r.temperature > 0) / B if B else 0.0
         if B and caps.sum() > 0:
             req_idx = np.repeat(np.arange(B), caps)
             pos = np.concatenate([np.arange(1, c + 1) for c in caps if c > 0])
@@ -147,7 +150,9 @@ class SmartSpecPolicy(SpecPolicy):
             order = np.argsort(-marg, kind="stable")
             exp_tok = B + np.concatenate([[0.0], np.cumsum(marg[order])])
             verified = np.arange(order.size + 1)
-            goodput = exp_tok / self.cost.curve(max(view.batch_size, B), int(verified[-1]))
+            goodput = exp_tok / self.cost.curve(
+                max(view.batch_size, B), int(verified[-1]), self._sampled
+            )
             m = int(np.argmax(goodput))
             np.add.at(ks, req_idx[order[:m]], 1)
         arms = [NO_SPEC if k == 0 else Arm(self.proposer, int(k)) for k in ks]
@@ -159,6 +164,7 @@ class SmartSpecPolicy(SpecPolicy):
             outcome.num_verified_tokens,
             outcome.step_time_s,
             prefill_tokens=outcome.num_prefill_tokens,
+            sampled=self._sampled,
         )
         w = self.ema
         for o in outcome.requests:

@@ -126,6 +126,10 @@ def test_calibration_on_the_engine_measures_the_planned_cells_and_changes_nothin
         measured = {(int(b), int(v)) for b, v in zip(*np.nonzero(counts), strict=True)}
         assert len(measured) >= 10  # batch sizes 1, 2, 4 x their V plans
         assert (np.diff(table.seconds, axis=1) >= 0).all()
+        # the sampled part: the same cells measured at temperature 1, never cheaper than greedy
+        assert table.sampled is not None
+        assert (table.sampled.counts > 0).sum() == (counts > 0).sum()
+        assert (table.sampled.seconds >= table.seconds).all()
         assert spec.driver.num_tracked() == 0 and spec.scheduler.get_num_unfinished_requests() == 0
         assert gen() == before  # greedy identity after calibration, with the controller attached
     finally:

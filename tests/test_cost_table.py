@@ -151,3 +151,70 @@ def test_prior_table_shape():
     t = prior_table(0.02)
     assert t.speculation_overhead(1) == pytest.approx(0.02 * (0.05 + 0.015), rel=1e-6)
     assert math.isclose(float(t.predict(1, 10) - t.predict(1, 0)), 0.02 * (0.05 + 0.15))
+
+
+def sampled_cost(b: float, v: np.ndarray | float) -> np.ndarray | float:
+    """The same step when every request samples: verification costs 2.5 ms more per draft token."""
+    v = np.asarray(v, dtype=float)
+    return true_cost(b, v) + 0.0025 * v
+
+
+def table_with_sampled_part() -> StepCostTable:
+    greedy = measured_table()
+    B, V = np.meshgrid([1, 2, 4, 8, 16], [0, 1, 2, 4, 8, 16, 32, 64], indexing="ij")
+    part = StepCostTable.from_samples(B.ravel(), V.ravel(), sampled_cost(B.ravel(), V.ravel()))
+    return StepCostTable(
+        greedy.batch_sizes, greedy.draft_tokens, greedy.seconds, key=greedy.key, sampled=part
+    )
+
+
+def test_sampled_part_prices_sampled_steps_and_mixes_by_share():
+    tab = table_with_sampled_part()
+    assert tab.predict(4, 8) == pytest.approx(float(true_cost(4, 8)), rel=1e-6)
+    assert tab.predict(4, 8, sampled=1.0) == pytest.approx(float(sampled_cost(4, 8)), rel=1e-6)
+    mid = 0.5 * (float(true_cost(4, 8)) + float(sampled_cost(4, 8)))
+    assert tab.predict(4, 8, sampled=0.5) == pytest.approx(mid, rel=1e-6)
+    m = StepCostModel(tab)
+    assert m.at(4, 8) == pytest.approx(float(true_cost(4, 8)), rel=1e-6)
+    assert m.at(4, 8, 1.0) == pytest.approx(float(sampled_cost(4, 8)), rel=1e-6)
+    assert m.curve(4, 8, 0.5)[8] == pytest.approx(mid, rel=1e-6)
+    # without a sampled part the greedy table stands in
+    assert StepCostModel(measured_table()).at(4, 8, 1.0) == pytest.approx(float(true_cost(4, 8)))
+
+
+def test_sampled_part_roundtrips_and_a_bad_one_is_refused():
+    tab = table_with_sampled_part()
+    back = StepCostTable.from_dict(json.loads(json.dumps(tab.to_dict())))
+    assert back.sampled is not None
+    assert np.allclose(back.sampled.seconds, tab.sampled.seconds, rtol=1e-5)
+    assert back.scaled(2.0).predict(4, 8, sampled=1) == pytest.approx(
+        2 * float(sampled_cost(4, 8)), rel=1e-5
+    )
+    bad = tab.to_dict()
+    bad["sampled"]["seconds"] = bad["sampled"]["seconds"][:-1]  # another grid
+    with pytest.raises(ValueError, match="shape"):
+        StepCostTable.from_dict(bad)
+    bad["sampled"] = [1, 2]
+    with pytest.raises(ValueError, match="malformed"):
+        StepCostTable.from_dict(bad)
+    other = StepCostTable.from_samples(
+        [1, 2], [0, 1], [0.01, 0.02], batch_grid=[1, 2], token_grid=[0, 1]
+    )
+    with pytest.raises(ValueError, match="same batch_sizes"):
+        StepCostTable(tab.batch_sizes, tab.draft_tokens, tab.seconds, sampled=other)
+
+
+def test_sampled_steps_learn_against_the_sampled_part_and_keep_it():
+    """Sampled steps measured as the sampled part predicts move neither the load factor nor the shape;
+    a refresh keeps the sampled part (corrected alike) and its state round-trips."""
+    m = StepCostModel(table_with_sampled_part(), refresh_every=8)
+    for i in range(64):
+        v = (0, 4, 8)[i % 3]
+        m.update(4, v, float(sampled_cost(4, v)), sampled=1.0)
+    assert m.load == pytest.approx(1.0, abs=1e-6)
+    assert m.n_refreshes > 0 and m.table.sampled is not None
+    assert m.at(4, 8, 1.0) == pytest.approx(float(sampled_cost(4, 8)), rel=1e-3)
+    assert m.at(4, 8) == pytest.approx(float(true_cost(4, 8)), rel=1e-3)
+    fresh = StepCostModel()
+    fresh.load_state_dict(json.loads(json.dumps(m.state_dict())))
+    assert fresh.at(4, 8, 1.0) == pytest.approx(m.at(4, 8, 1.0), rel=1e-5)

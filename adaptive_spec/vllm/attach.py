@@ -207,7 +207,7 @@ class AdaptiveSpec:
         ``"auto"`` (default): use the first table that fits this engine (model, dtype, threads,
         device) among the loaded policy state's, a table calibrated earlier on this machine (cache
         directory) and the tables shipped with adaptive-spec; if none fits, measure one now with
-        dummy steps (:mod:`adaptive_spec.vllm.calibrate`, about 10-20 s on 2 CPU cores) and cache it.
+        dummy steps (:mod:`adaptive_spec.vllm.calibrate`, greedy and sampled, about 50-100 s on 2 CPU cores) and cache it.
         ``True``: always measure now. ``False``: never measure (a shipped table of the same model and
         dtype from another machine, else a generic prior shape, corrected online).
     trace_argmax : bool

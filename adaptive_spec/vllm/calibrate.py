@@ -7,11 +7,14 @@ so each step commits one token per request and the plan stays on schedule. For e
 of the plan the draft tokens per step cycle through ``V = 0, 1, 2, 4, 8, ...`` up to ``B * max_k``,
 ``repeats`` times, interleaved (so a drift in machine speed spreads over every ``V``); each step is
 timed exactly as in normal operation (from one ``update_from_output`` to the next), and the table is
-built from the medians (:meth:`StepCostTable.from_samples`). The requests are then aborted and the
-engine is exactly as before; nothing is learned by the controller from them.
+built from the medians (:meth:`StepCostTable.from_samples`). Each batch size is measured twice, back to
+back: with greedy requests, then with requests that sample (temperature 1), which gives the table's
+sampled part (verification at temperature > 0 takes a softmax and draws recovered tokens over the
+vocabulary). The requests are then aborted and the engine is exactly as before; nothing is learned by
+the controller from them.
 
 This is the approach of vLLM's DSpark adaptive verification (profiled tables at startup, forced
-monotone). On the embedded default (2 CPU cores) it takes about 10-20 seconds; skip it with
+monotone). On the embedded default (2 CPU cores) it takes about 50 s (100 s with 10 repeats); skip it with
 ``AdaptiveSpec(calibrate=False)`` or give a table (``cost_table=``).
 """
 
@@ -89,11 +92,13 @@ class Calibration:
             self.samples.append((batch_size, verified, prefill, step_time_s))
 
 
-def _request(rid: str, prompt: list[int], max_tokens: int) -> Any:
+def _request(rid: str, prompt: list[int], max_tokens: int, temperature: float = 0.0) -> Any:
     from vllm import SamplingParams
     from vllm.v1.engine import EngineCoreRequest
 
-    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    sp = SamplingParams(
+        temperature=temperature, max_tokens=max_tokens, ignore_eos=True, detokenize=False
+    )
     return EngineCoreRequest(
         request_id=rid,
         prompt_token_ids=prompt,
@@ -115,6 +120,7 @@ def calibrate(
     prompt_len: int = 32,
     seed: int = 0,
     key: dict[str, Any] | None = None,
+    sampled: bool = True,
 ) -> StepCostTable:
     """Measure ``spec``'s engine step-cost table (see the module docstring).
 
@@ -128,6 +134,9 @@ def calibrate(
         Measurements per (B, V) cell.
     prompt_len : int >= 1
         Dummy prompt length (tokens).
+    sampled : bool
+        Also measure the table's sampled part (every batch size again at temperature 1; about
+        doubles the time). Without it, the greedy table stands in for sampled steps.
 
     Raises
     ------
@@ -159,50 +168,94 @@ def calibrate(
     cal = Calibration(spec.max_k, spec.vocab_size)
     t0 = time.perf_counter()
     spec._calib = cal
+    temperatures = (0.0, 1.0) if sampled else (0.0,)
+    by_temp: dict[float, list[tuple[int, int, int, float]]] = {t: [] for t in temperatures}
     try:
         for B in batch_sizes:
-            vs = plan_tokens(B, spec.max_k)
-            cal.plan = [v for _ in range(repeats) for v in vs]
-            cal.step = 0
-            cal.batch_size = B
-            steps = len(cal.plan) + 3
-            ids = [f"adaptive-spec-calibration-{uuid.uuid4().hex[:12]}" for _ in range(B)]
-            cal.req_ids = set(ids)
-            for rid in ids:
-                prompt = [int(t) for t in rng.integers(100, spec.vocab_size - 100, size=prompt_len)]
-                req = core.preprocess_add_request(_request(rid, prompt, steps))
-                core.add_request(*req) if isinstance(req, tuple) else core.add_request(req)
-            guard = 0
-            while sched.has_requests() and cal.step < len(cal.plan) and guard < 10 * steps:
-                _, executed = core.step()
-                core.post_step(executed)
-                guard += 1
-            live = [r for r in ids if r in sched.requests]
-            if live:
-                core.abort_requests(live)
-            while sched.has_requests() and guard < 12 * steps:  # let the aborts through
-                _, executed = core.step()
-                core.post_step(executed)
-                guard += 1
+            for temp in temperatures:  # back to back, so that drift barely separates the two
+                cal.samples = by_temp[temp]
+                _measure_batch(core, sched, cal, rng, spec, B, repeats, prompt_len, temp)
     finally:
         spec._calib = None
         spec._tau_prev = None
         spec._busy_prev = False
-    arr = np.array(cal.samples, dtype=float).reshape(-1, 4)
+    table = _table_from(by_temp[0.0], key, "calibrated")
+    if sampled:
+        part = _table_from(by_temp[1.0], key, "calibrated")
+        # Sampling never makes a step cheaper: where noise says so, the greedy cell stands (the
+        # maximum of two monotone tables is monotone).
+        part.seconds = np.maximum(part.seconds, table.seconds)
+        table = StepCostTable(
+            table.batch_sizes,
+            table.draft_tokens,
+            table.seconds,
+            counts=table.counts,
+            prefill_s_per_token=table.prefill_s_per_token,
+            key=table.key,
+            source=table.source,
+            sampled=part,
+        )
+    n_dec = int(sum(1 for x in by_temp[0.0] if x[2] == 0))
+    logger.info(
+        "adaptive-spec: step-cost table calibrated in %.1f s (%d steps, batch sizes %s)",
+        time.perf_counter() - t0,
+        n_dec * len(temperatures),
+        batch_sizes,
+    )
+    return table
+
+
+def _measure_batch(
+    core: Any,
+    sched: Any,
+    cal: Calibration,
+    rng: np.random.Generator,
+    spec: Any,
+    B: int,
+    repeats: int,
+    prompt_len: int,
+    temperature: float,
+) -> None:
+    """Run ``B`` dummy requests through the plan of ``B`` (samples go to ``cal.samples``), then
+    abort what is left of them."""
+    vs = plan_tokens(B, spec.max_k)
+    cal.plan = [v for _ in range(repeats) for v in vs]
+    cal.step = 0
+    cal.batch_size = B
+    steps = len(cal.plan) + 3
+    ids = [f"adaptive-spec-calibration-{uuid.uuid4().hex[:12]}" for _ in range(B)]
+    cal.req_ids = set(ids)
+    for rid in ids:
+        prompt = [int(t) for t in rng.integers(100, spec.vocab_size - 100, size=prompt_len)]
+        req = core.preprocess_add_request(_request(rid, prompt, steps, temperature))
+        core.add_request(*req) if isinstance(req, tuple) else core.add_request(req)
+    guard = 0
+    while sched.has_requests() and cal.step < len(cal.plan) and guard < 10 * steps:
+        _, executed = core.step()
+        core.post_step(executed)
+        guard += 1
+    live = [r for r in ids if r in sched.requests]
+    if live:
+        core.abort_requests(live)
+    while sched.has_requests() and guard < 12 * steps:  # let the aborts through
+        _, executed = core.step()
+        core.post_step(executed)
+        guard += 1
+
+
+def _table_from(
+    samples: list[tuple[int, int, int, float]], key: dict[str, Any] | None, source: str
+) -> StepCostTable:
+    """The table of one calibration pass: decode steps' medians, and the prefill price."""
+    arr = np.array(samples, dtype=float).reshape(-1, 4)
     dec = arr[arr[:, 2] == 0]
     if dec.shape[0] == 0:
         raise RuntimeError("calibration measured no decode step")
     table = StepCostTable.from_samples(
-        dec[:, 0], dec[:, 1], dec[:, 3], key=dict(key or {}), source="calibrated"
+        dec[:, 0], dec[:, 1], dec[:, 3], key=dict(key or {}), source=source
     )
     pre = arr[arr[:, 2] > 0]
     if pre.shape[0]:
         extra = [(t - float(table.predict(b, v))) / p for b, v, p, t in pre]
         table.prefill_s_per_token = max(float(np.median(extra)), 0.0)
-    logger.info(
-        "adaptive-spec: step-cost table calibrated in %.1f s (%d steps, batch sizes %s)",
-        time.perf_counter() - t0,
-        dec.shape[0],
-        batch_sizes,
-    )
     return table
