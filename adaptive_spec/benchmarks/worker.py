@@ -80,7 +80,9 @@ def build_engine(spec: dict[str, Any]) -> Any:
         table = spec.get("dynamic_table")
         if not table:
             raise ValueError("engine='dynamic' needs dynamic_table=[[start, end, k], ...]")
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from adaptive_spec.engine import prepare_engine_env
+
+        prepare_engine_env()
         from vllm import LLM
 
         from adaptive_spec.models import default_model_path
