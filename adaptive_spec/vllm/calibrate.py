@@ -20,6 +20,7 @@ monotone). On the embedded default (2 CPU cores) it takes about 50 s (100 s with
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -185,16 +186,7 @@ def calibrate(
         # Sampling never makes a step cheaper: where noise says so, the greedy cell stands (the
         # maximum of two monotone tables is monotone).
         part.seconds = np.maximum(part.seconds, table.seconds)
-        table = StepCostTable(
-            table.batch_sizes,
-            table.draft_tokens,
-            table.seconds,
-            counts=table.counts,
-            prefill_s_per_token=table.prefill_s_per_token,
-            key=table.key,
-            source=table.source,
-            sampled=part,
-        )
+        table = dataclasses.replace(table, sampled=part)  # validated again on construction
     n_dec = int(sum(1 for x in by_temp[0.0] if x[2] == 0))
     logger.info(
         "adaptive-spec: step-cost table calibrated in %.1f s (%d steps, batch sizes %s)",
