@@ -255,35 +255,31 @@ class StepCostModel:
         bidx = np.arange(corr.shape[0])
         corr = corr[rows[np.abs(bidx[:, None] - rows[None, :]).argmin(axis=1)]]
         t = self.table
-        counts = (t.counts if t.counts is not None else np.zeros_like(w)) + w
         changed = np.flatnonzero(corr.any(axis=1))
-        seconds = make_monotone(t.seconds * np.exp(corr), counts + 1.0, rows=changed)
         source = (
             t.source
             if t.source == "learned" or t.source.endswith("+learned")
             else ("learned" if t.source == "prior" else f"{t.source}+learned")
         )
-        sampled = None
-        if t.sampled is not None:  # the same shape correction (module docstring)
-            s = t.sampled
-            s_counts = (s.counts if s.counts is not None else np.zeros_like(w)) + w
-            sampled = StepCostTable(
+
+        def corrected(part: StepCostTable, **extra: Any) -> StepCostTable:
+            # The same shape correction for the greedy and the sampled part (module docstring).
+            counts = (part.counts if part.counts is not None else np.zeros_like(w)) + w
+            seconds = make_monotone(part.seconds * np.exp(corr), counts + 1.0, rows=changed)
+            return StepCostTable(
                 t.batch_sizes,
                 t.draft_tokens,
-                make_monotone(s.seconds * np.exp(corr), s_counts + 1.0, rows=changed),
-                counts=s_counts,
+                seconds,
+                counts=counts,
                 key=t.key,
                 source=source,
+                **extra,
             )
-        self.table = StepCostTable(
-            t.batch_sizes,
-            t.draft_tokens,
-            seconds,
-            counts=counts,
+
+        self.table = corrected(
+            t,
             prefill_s_per_token=t.prefill_s_per_token,
-            key=t.key,
-            source=source,
-            sampled=sampled,
+            sampled=None if t.sampled is None else corrected(t.sampled),
         )
         # The applied corrections are in the table now; what the next window sees is measured anew.
         self._cell_r = r * 0.0
