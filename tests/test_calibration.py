@@ -146,6 +146,30 @@ def test_calibration_on_the_engine_measures_the_planned_cells_and_changes_nothin
     )
 
 
+@pytest.mark.vllm
+def test_calibration_lifts_the_admission_limit_and_restores_it(tiny_llm, tmp_path, monkeypatch):
+    """Under vLLM's admission limit (``max_num_active_seqs``, as the bench sets per cell), a batch of
+    B dummy requests would run as a smaller batch and every larger batch would be priced as that
+    one. Calibration measures each planned batch size at that size and puts the limit back."""
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    monkeypatch.setenv("ADAPTIVE_SPEC_CACHE", str(tmp_path))
+    spec = AdaptiveSpec(
+        tiny_llm, ["none", "ngram"], policy="none", policy_state=None, calibrate=False
+    )
+    sched = spec.scheduler
+    before = sched.max_num_active_reqs
+    sched.max_num_active_reqs = 1
+    try:
+        table = spec.calibrate(batch_sizes=[1, 2, 4], repeats=1, sampled=False)
+        assert sched.max_num_active_reqs == 1
+    finally:
+        sched.max_num_active_reqs = before
+        spec.detach()
+    rows = {int(table.batch_sizes[b]) for b in np.nonzero(table.counts.sum(axis=1))[0]}
+    assert rows == {1, 2, 4}
+
+
 def test_a_policy_without_acceptance_counts_gets_no_prior():
     """A SmartSpec-style peer has an ``acceptance(req_id)`` method, not an AcceptanceModel: the shipped
     prior is skipped for it (it once failed the peer's whole benchmark configuration with

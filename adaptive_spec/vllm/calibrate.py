@@ -171,15 +171,31 @@ def calibrate(
     spec._calib = cal
     temperatures = (0.0, 1.0) if sampled else (0.0,)
     by_temp: dict[float, list[tuple[int, int, int, float]]] = {t: [] for t in temperatures}
+    # vLLM's admission limit (``max_num_active_seqs``) may hold RUNNING below ``max_num_seqs``: a
+    # batch of B dummy requests would then run as a smaller one and the table would price every
+    # larger batch as that one. Lifted while measuring, restored after.
+    limit = getattr(sched, "max_num_active_reqs", None)
     try:
+        if limit is not None:
+            sched.max_num_active_reqs = max(int(limit), max_seqs)
         for B in batch_sizes:
             for temp in temperatures:  # back to back, so that drift barely separates the two
                 cal.samples = by_temp[temp]
                 _measure_batch(core, sched, cal, rng, spec, B, repeats, prompt_len, temp)
     finally:
+        if limit is not None:
+            sched.max_num_active_reqs = limit
         spec._calib = None
         spec._tau_prev = None
         spec._busy_prev = False
+    seen = {int(b) for b, _, p, _ in by_temp[0.0] if p == 0}
+    missing = [b for b in batch_sizes if b not in seen]
+    if missing:
+        logger.warning(
+            "adaptive-spec: calibration measured no decode step at batch sizes %s (the engine ran "
+            "fewer requests at once); the table extends its largest measured batch to them",
+            missing,
+        )
     table = _table_from(by_temp[0.0], key, "calibrated")
     if sampled:
         part = _table_from(by_temp[1.0], key, "calibrated")
