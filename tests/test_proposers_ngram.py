@@ -40,3 +40,32 @@ def test_window_bounds_the_search() -> None:
     r = ProposalRequest("a", toks, 100, 100)
     assert NgramProposer(window=64).propose([r], [1])[0].tolist() == [6]
     assert NgramProposer(window=32).propose([r], [1])[0].tolist() == []
+
+
+def test_match_length_after_propose_equals_a_fresh_lookup() -> None:
+    """The matched length found while drafting is returned for the same request object, and a new
+    lookup runs for any other request (another object, or one whose history grew in place)."""
+    rng = np.random.default_rng(3)
+    p = NgramProposer(min_n=2, max_n=4, max_k=8)
+    fresh = NgramProposer(min_n=2, max_n=4, max_k=8)
+    reqs = []
+    for i in range(40):
+        toks = rng.integers(0, 6, size=int(rng.integers(2, 60))).astype(np.int64)
+        reqs.append(
+            ProposalRequest(f"r{i}", toks, max_new_tokens=int(rng.integers(1, 12)), vocab_size=6)
+        )
+    drafts = p.propose(reqs, [8] * len(reqs))
+    matched = 0
+    for r, d in zip(reqs, drafts, strict=True):
+        assert p.match_length(r) == fresh.match_length(r)
+        matched += p.match_length(r) > 0 and len(d) > 0
+    assert matched > 5  # the cache was exercised
+    # Same history under a new object, and a history that changed since the lookup.
+    r0 = next(r for r, d in zip(reqs, drafts, strict=True) if len(d))
+    copy = ProposalRequest(r0.req_id, r0.token_ids.copy(), r0.max_new_tokens, r0.vocab_size)
+    assert p.match_length(copy) == fresh.match_length(copy)
+    grown = ProposalRequest("g", np.array([1, 2, 3, 1, 2], dtype=np.int64), 8, 6)
+    p.propose([grown], [4])
+    assert p.match_length(grown) == 2
+    grown.token_ids = np.array([1, 2, 3, 1, 2, 5], dtype=np.int64)
+    assert p.match_length(grown) == fresh.match_length(grown) == 0

@@ -81,6 +81,9 @@ class NgramProposer(Proposer):
         self.window = window
         self.backend = backend
         self.device = torch.device(device)
+        # Matched lengths of the last ``propose`` call, by request object: the step driver asks for
+        # each request's match feature right after drafting, and the lookup found it already.
+        self._matched: dict[int, tuple[ProposalRequest, int, int]] = {}
 
     def _one(self, request: ProposalRequest, cap: int) -> tuple[np.ndarray, int]:
         toks = as_tokens(request.token_ids)
@@ -92,10 +95,16 @@ class NgramProposer(Proposer):
         kl = check_ks(requests, ks)
         caps = [draft_cap(r, k, self.max_k) for r, k in zip(requests, kl, strict=True)]
         vocab = [as_int(r.vocab_size) for r in requests]
+        self._matched = {}
         if self.backend == "numpy":
-            raw = [
-                self._one(r, c)[0] if c > 0 else EMPTY for r, c in zip(requests, caps, strict=True)
-            ]
+            raw = []
+            for r, c in zip(requests, caps, strict=True):
+                if c > 0:
+                    d, n = self._one(r, c)
+                    self._matched[id(r)] = (r, len(r.token_ids), n)
+                    raw.append(d)
+                else:
+                    raw.append(EMPTY)
         else:
             raw = self._batched(requests, caps)
         return [clean_draft(d, c, v) for d, c, v in zip(raw, caps, vocab, strict=True)]
@@ -124,5 +133,10 @@ class NgramProposer(Proposer):
         return [d[i, : nd[i]] for i in range(len(toks))]
 
     def match_length(self, request: ProposalRequest) -> int:
-        """Suffix n-gram length matched now (0 if none)."""
+        """Suffix n-gram length matched now (0 if none); the last ``propose`` call's lookup when it
+        drafted for this very request object with the same history length (the step driver builds
+        new requests every step and asks right after drafting)."""
+        hit = self._matched.get(id(request))
+        if hit is not None and hit[0] is request and hit[1] == len(request.token_ids):
+            return hit[2]
         return self._one(request, 0)[1]
