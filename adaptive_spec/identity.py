@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 DEFAULT_TOLERANCE = 0.25
+# vLLM returns logprobs in float32, computed from bf16-rounded logits: a margin of exactly two bf16
+# quanta of 0.125 reads 0.25000006. The comparison allows that representation error, nothing more.
+_SLACK = 1e-6
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -71,7 +74,7 @@ def compare_greedy(
             continue
         lps = r.outputs[0].logprobs
         margin = top2_margin(lps[pos]) if lps is not None and pos < len(lps) else None
-        tie = margin is not None and margin <= tolerance
+        tie = margin is not None and margin <= tolerance + _SLACK
         res["near_tie" if tie else "violations"] += 1
         res["details"].append({"index": i, "position": pos, "margin": margin, "near_tie": tie})
     return res
