@@ -15,9 +15,14 @@ def prepare_engine_env() -> None:
     compile cache instead of its ahead-of-time one. vLLM 0.32's CPU build cannot load its own
     ahead-of-time compiled model ("'function' object has no attribute 'finalize_loading'") and compiles
     it again at every build (about 110 s on 2 cores); the regular cache loads (69 s instead of 169 s per
-    build of the embedded default here). A ``VLLM_USE_AOT_COMPILE`` set by the user wins."""
+    build of the embedded default here). A ``VLLM_USE_AOT_COMPILE`` set by the user wins. It also
+    installs :func:`adaptive_spec.vllm.cpu_fixes.guard_kernel_override_scan`."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import torch
+
+    from adaptive_spec.vllm.cpu_fixes import guard_kernel_override_scan
+
+    guard_kernel_override_scan()  # vLLM's CPU start-up scan fails once Numba is loaded
 
     if not torch.cuda.is_available():
         os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")

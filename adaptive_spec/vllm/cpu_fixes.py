@@ -1,4 +1,5 @@
-"""A fix for vLLM 0.32.0's CPU build that speculative decoding at temperature > 0 needs.
+"""Fixes for vLLM 0.32.0's CPU build: one that speculative decoding at temperature > 0 needs, and a
+guard that lets an engine start after Numba is loaded (:func:`guard_kernel_override_scan`).
 
 The bug: vLLM's CPU replacement of the Triton ``expand_kernel``
 (``vllm/utils/cpu_triton_utils.py::_expand_kernel_impl``) passes ``_ensure_int64(output)`` to the C++ op:
@@ -19,6 +20,8 @@ of that expansion: a correct one, for every dtype.
 from __future__ import annotations
 
 import logging
+import sys
+from typing import Any
 
 import torch
 
@@ -75,4 +78,45 @@ def fix_cpu_expand_kernel() -> bool:
     logger.info(
         "installed the vLLM 0.32 CPU expand_kernel fix (per-token temperatures at temperature > 0)"
     )
+    return True
+
+
+_scan_guarded = False
+
+
+def guard_kernel_override_scan() -> bool:
+    """Let vLLM start after Numba is imported (process-wide, idempotent).
+
+    vLLM 0.32 registers its CPU kernel overrides when each worker starts
+    (``vllm.triton_utils.dispatcher.register_kernels``), and ``_rebind_kernels`` scans every attribute
+    of every loaded module, reading ``vars(value).get("kernel")`` of any value with a ``__dict__``.
+    llvmlite's ``binding.ffi.lib`` answers every attribute lookup, ``__dict__`` included, with a
+    function wrapper, so once Numba (hence llvmlite) is loaded the scan fails with
+    ``'_lib_fn_wrapper' object has no attribute 'get'`` and the engine does not start. The adaptive
+    controller's per-step kernels are compiled with Numba (:mod:`adaptive_spec.controller_kernels`),
+    so Numba is usually loaded before an engine is built. The guard hides that one attribute from the
+    scan while it runs and puts it back; the overrides vLLM registers are unchanged. Returns True if
+    the guard is in place (False where vLLM has no such scan)."""
+    global _scan_guarded
+    if _scan_guarded:
+        return True
+    try:
+        from vllm.triton_utils import dispatcher
+    except Exception:
+        return False
+    original = getattr(dispatcher, "_rebind_kernels", None)
+    if not callable(original):
+        return False
+
+    def _rebind_kernels(overrides: Any) -> Any:
+        ffi = sys.modules.get("llvmlite.binding.ffi")
+        lib = ffi.__dict__.pop("lib", None) if ffi is not None else None
+        try:
+            return original(overrides)
+        finally:
+            if lib is not None:
+                ffi.lib = lib
+
+    dispatcher._rebind_kernels = _rebind_kernels
+    _scan_guarded = True
     return True

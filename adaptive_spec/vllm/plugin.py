@@ -1026,6 +1026,9 @@ def register() -> None:
         _registered = True
         if config is None:
             return
+        from adaptive_spec.vllm.cpu_fixes import guard_kernel_override_scan
+
+        guard_kernel_override_scan()  # the controller loads Numba; vLLM's worker start-up scan trips on it
         _forward_logs_to_vllm()
         directory = ensure_metrics_dir()
         from adaptive_spec.vllm.prom import register_collector
