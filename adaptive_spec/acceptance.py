@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from adaptive_spec.controller_kernels import add_counts
+
 N_TEMP = 2  # greedy, sampled
 N_HIST = 4  # no history, low, mid, high
 N_MATCH = 4
@@ -171,23 +173,25 @@ class AcceptanceModel:
     ) -> None:
         """Learn censored labels for ``n`` rows: positions ``1..n_ones[i]`` accepted, then ``n_zero[i]``
         (0 or 1) rejected position. Every count decays by ``discount`` first (once per call)."""
+        p = np.asarray(p, dtype=np.int64)
+        cells = self.cell(p, np.asarray(t), np.asarray(h), np.asarray(m)).astype(np.int64)
+        ones = np.broadcast_to(np.asarray(n_ones, dtype=np.int64), cells.shape)
+        zero = np.broadcast_to(np.asarray(n_zero, dtype=np.int64), cells.shape)
+        add_counts(
+            self.acc.reshape(self._ncells, self.max_k),
+            self.tri.reshape(self._ncells, self.max_k),
+            np.ascontiguousarray(cells),
+            np.ascontiguousarray(ones),
+            np.ascontiguousarray(zero),
+            self.discount,
+        )
+        self.counts_changed()
+
+    def counts_changed(self) -> None:
+        """Count one learning step and drop the cached posterior means (after the counts were
+        changed in place, e.g. by :func:`adaptive_spec.controller_kernels.learn`)."""
         self.n_updates += 1
-        if self.discount < 1.0:
-            self.acc *= self.discount
-            self.tri *= self.discount
         self._mean = None
-        if len(p) == 0:
-            return
-        K = self.max_k
-        j = np.arange(K)
-        ones = np.minimum(np.asarray(n_ones), K)
-        succ = j[None, :] < ones[:, None]
-        trial = j[None, :] < np.minimum(ones + np.asarray(n_zero), K)[:, None]
-        c = self.cell(p, t, h, m)
-        acc = self.acc.reshape(self._ncells, K)
-        tri = self.tri.reshape(self._ncells, K)
-        np.add.at(acc, c, succ.astype(float))
-        np.add.at(tri, c, trial.astype(float))
 
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -52,8 +52,12 @@ from typing import Any
 
 import numpy as np
 
+from adaptive_spec import controller_kernels as kern
 from adaptive_spec.acceptance import (
+    HIST_EDGES,
+    N_HIST,
     N_MATCH,
+    N_TEMP,
     AcceptanceModel,
     history_bucket,
     match_thresholds,
@@ -75,23 +79,11 @@ DECISION_FEATURES = (
     "played_baseline",  # 1 when the safety rule played the baseline's decision
 )
 DRAFT_FAMILY = ("draft",)
+_NO_TOKENS = np.zeros(0, dtype=np.int64)
 
 
 def _is_draft_family(p: str) -> bool:
     return p in DRAFT_FAMILY or p.startswith("lora:")
-
-
-def _pad_drafts(lists: list[np.ndarray], K: int) -> tuple[np.ndarray, np.ndarray]:
-    """Stack variable-length int64 drafts into ``[n, K]`` (padded with -1) and their lengths."""
-    n = len(lists)
-    lens = np.fromiter((min(len(d), K) for d in lists), dtype=np.int64, count=n)
-    out = np.full((n, K), -1, dtype=np.int64)
-    if n and lens.any():
-        flat = np.concatenate([d[:K] for d in lists]).astype(np.int64, copy=False)
-        rows = np.repeat(np.arange(n), lens)
-        cols = np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens)
-        out[rows, cols] = flat
-    return out, lens
 
 
 class AdaptiveController(SpecPolicy):
@@ -176,6 +168,7 @@ class AdaptiveController(SpecPolicy):
                 raise ValueError(f"{name}={v!r} is invalid; allowed: an integer >= 1")
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
             raise ValueError(f"seed={seed!r} is invalid; allowed: an integer >= 0")
+        kern.warm_up()  # the per-step kernels' machine code, loaded before the first step
         self.exploration = exploration
         self.epsilon = float(epsilon)
         self.ucb_bonus = float(ucb_bonus)
@@ -334,67 +327,60 @@ class AdaptiveController(SpecPolicy):
             cap_l[i] = r.max_new_tokens
             temp_l[i] = 1 if r.temperature > 0 else 0
             dd = r.drafts
-            for p in props:
-                d = dd.get(p)
-                if d is not None:
-                    n = len(d)
-                    if n:
-                        if n > K:
-                            d, n = d[:K], K
-                        dlen[j] = n
-                        parts.append(d)
-                        mlen[j] = r.match_lengths.get(p, 0)
-                j += 1
+            if dd:
+                for p in props:
+                    d = dd.get(p)
+                    if d is not None:
+                        n = len(d)
+                        if n:
+                            if n > K:
+                                d, n = d[:K], K
+                            dlen[j] = n
+                            parts.append(d)
+                            mlen[j] = r.match_lengths.get(p, 0)
+                    j += 1
+            else:
+                j += P
         pos = np.array(pos_l, dtype=np.int64)
-        cap = np.minimum(np.maximum(np.array(cap_l, dtype=np.int64) - 1, 0), K)
         temp = np.array(temp_l, dtype=np.int64)
-        lens = np.array(dlen, dtype=np.int64)
-        drafts = np.full((N * P, K), -1, dtype=np.int64)
-        if parts:
-            total = int(lens.sum())
-            rows_f = np.repeat(np.arange(N * P), lens)
-            cols_f = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
-            drafts[rows_f, cols_f] = np.concatenate(parts)
-        drafts = drafts.reshape(N, P, K)
-        avail = np.minimum(lens.reshape(N, P), cap[:, None])
-        ml = np.minimum(np.array(mlen, dtype=np.int64).reshape(N, P), 63)
-        match = self._match_lut[self._prange[None, :], ml]  # [N, P] match bucket
+        flat = np.concatenate(parts).astype(np.int64, copy=False) if parts else _NO_TOKENS
         slots = self._slots_for(req_ids, pos)
         hist = self._hist_b[slots]  # [N, P]
-        cells = self.acceptance.cell(self._prange[None, :], temp[:, None], hist, match)  # [N, P]
-        alpha = self._alpha_table()[cells]  # [N, P, K]
-        offered = self._jpos[None, None, :] < avail[:, :, None]
-        gains = np.cumprod(alpha, axis=2)
-        gains[~offered] = 0.0  # P(token j accepted) where offered
-        # Proposer per request: max over c of E(c) - lambda * c (c = 0 gives 1).
-        value = np.cumsum(gains, axis=2) - self._lam * self._jpos1[None, None, :]
-        value[~offered] = -np.inf
-        choice = value.max(axis=2).argmax(axis=1)
-        rows = self._rows(N)
-        g = gains[rows, choice]  # [N, K]
-        g[~offered[rows, choice]] = -np.inf
+        drafts, avail, match, cells, alpha, gains, choice, g, v_max = kern.score(
+            flat,
+            np.array(dlen, dtype=np.int64),
+            np.array(mlen, dtype=np.int64),
+            np.array(cap_l, dtype=np.int64),
+            temp,
+            hist,
+            self._match_lut,
+            self._alpha_table(),
+            self._lam,
+            P,
+            K,
+            N_TEMP,
+            N_HIST,
+            N_MATCH,
+        )
         # The share of requests that sample: their verification costs more (the sampled table).
-        sampled = float(temp.mean())
-        ks, lam, t_curve, v_max = self._allocate(g, view.batch_size, N, sampled)
-        # The baseline's decision, and the safety rule.
+        sampled = sum(temp_l) / N
         B = view.batch_size
+        ks, lam, t_curve, v_max = self._allocate(g, B, N, sampled, v_max)
+        V = int(ks.sum())
+        # The baseline's decision, and the safety rule.
         bp = self._base_index
-        kb = np.minimum(self.baseline_k(B), avail[:, bp]) if bp >= 0 else np.zeros(N, np.int64)
+        kbase = self.baseline_k(B) if bp >= 0 else 0
+        kb = np.minimum(kbase, avail[:, bp]) if bp >= 0 else np.zeros(N, dtype=np.int64)
         played_base = False
         probe = False
         choice_played = choice
-        V = int(ks.sum())
         Vb = int(kb.sum())
-        if not (np.array_equal(ks, kb) and (bp < 0 or bool((choice[ks > 0] == bp).all()))):
-            t_pred = float(t_curve[V]) if v_max >= V else self.cost.at(B, V, sampled)
+        same, e_ctrl, var_ctrl, e_base = kern.guard_terms(g, gains, ks, kb, choice, bp)
+        if not same:
+            t_pred = float(t_curve[V])
             tb_pred = float(t_curve[Vb]) if v_max >= Vb else self.cost.at(B, Vb, sampled)
-            gsel = np.where(self._jpos[None, :] < ks[:, None], g, 0.0)
-            e_ctrl = N + float(gsel.sum())
-            lcb = max(float(N), e_ctrl - 2.0 * math.sqrt(float((gsel * (1 - gsel)).sum())))
+            lcb = max(float(N), e_ctrl - 2.0 * math.sqrt(var_ctrl))
             ucb_t = t_pred * math.exp(2.0 * self.cost.abs_log_residual)
-            e_base = N
-            if bp >= 0:
-                e_base += float(gains[:, bp][self._jpos[None, :] < kb[:, None]].sum())
             if not self.guard.allows(lcb, ucb_t, e_base / max(tb_pred, 1e-9)):
                 ks, choice_played, played_base = kb, np.full(N, bp), True
         # Cost probes: the table is only corrected where steps are observed, so neither side of the
@@ -433,6 +419,7 @@ class AdaptiveController(SpecPolicy):
             if not self._jacobi_active:
                 argmax_wanted = ((slots + self.n_steps) % self.shadow_every == 0).tolist()
         if self.log_features:
+            rows = np.arange(N)
             exp_played = np.where(self._jpos[None, :] < ks[:, None], g, 0.0).sum(axis=1) + 1.0
             cp = np.where(choice_played >= 0, choice_played, choice)
             hb, mb = hist[rows, cp].tolist(), match[rows, cp].tolist()
@@ -443,28 +430,23 @@ class AdaptiveController(SpecPolicy):
             ]
         else:
             feats = [[]] * N
-        # Baseline counterfactual for the safety rule: only rows that played something else.
-        differ = ks != kb
-        if bp >= 0:
-            differ |= (ks > 0) & (choice_played != bp)
-        if differ.any():
-            idx = np.flatnonzero(differ)
-            if bp >= 0:
-                bd = np.where(self._jpos[None, :] < kb[idx, None], drafts[idx, bp], -1)
-            else:
-                bd = np.full((idx.size, K), -1, dtype=np.int64)
-            self.tracker.add_drafts(self.n_steps, slots[idx], pos[idx], bd, kb[idx])
+        # Baseline counterfactual for the safety rule: only rows that played something else (none
+        # when the decision is the baseline's, unless a probe changed it).
+        if (same or played_base) and not probe:
+            differ = np.zeros(N, dtype=bool)
         else:
-            self.tracker.add_drafts(self.n_steps, slots[:0], pos[:0], drafts[:0, 0], kb[:0])
+            differ = ks != kb
+            if bp >= 0:
+                differ |= (ks > 0) & (choice_played != bp)
+        base_drafts = np.ascontiguousarray(drafts[:, max(bp, 0)])
+        self.tracker.add_drafts(self.n_steps, slots, pos, base_drafts, kb, differ)
         self._pending = {
             "step": self.n_steps,
             "index": dict(zip(req_ids, range(N), strict=True)),
             "slots": slots,
             "drafts": drafts,
             "avail": avail,
-            "temp": temp,
-            "hist": hist,
-            "match": match,
+            "cells": cells,
             "batch_size": B,
             "sampled": sampled,
             "Vb": Vb,
@@ -475,36 +457,25 @@ class AdaptiveController(SpecPolicy):
         info = {"played_baseline": played_base, "probe": probe, "lambda": round(lam, 4)}
         return Decision(arms, propensities, feats, argmax_wanted, info)
 
-    def _rows(self, n: int) -> np.ndarray:
-        if self._rows_cache.shape[0] < n:
-            self._rows_cache = np.arange(max(n, 2 * self._rows_cache.shape[0]))
-        return self._rows_cache[:n]
-
     def _allocate(
-        self, g: np.ndarray, batch_size: int, N: int, sampled: float = 0.0
+        self,
+        g: np.ndarray,
+        batch_size: int,
+        N: int,
+        sampled: float = 0.0,
+        v_max: int | None = None,
     ) -> tuple[np.ndarray, float, np.ndarray, int]:
-        """Draft tokens per request maximising predicted goodput (step 3 of the module docstring).
+        """Draft tokens per request maximising predicted goodput (step 3 of the module docstring;
+        :func:`adaptive_spec.controller_kernels.allocate`).
 
         ``g``: float64 [N, K], the gain of each request's j-th draft token (``-inf`` where not offered),
         non-increasing along j; ``sampled``: the share of requests with temperature > 0 (which step-cost
-        part prices the step). Returns ``(ks, lambda, t_curve, v_max)``."""
-        K = self.max_k
-        flat = g.reshape(-1)
-        order = np.argsort(-flat, kind="stable")
-        finite = np.isfinite(flat)
-        v_max = int(finite.sum())
+        part prices the step); ``v_max``: the finite entries of ``g`` when known. Returns
+        ``(ks, lambda, t_curve, v_max)``."""
+        if v_max is None:
+            v_max = int(np.isfinite(g).sum())
         t_curve = self.cost.curve(max(batch_size, N), v_max, sampled)
-        if v_max == 0:
-            return np.zeros(N, dtype=np.int64), 0.0, t_curve, 0
-        top = flat[order[:v_max]]
-        tokens = N + np.concatenate([[0.0], np.cumsum(top)])
-        goodput = tokens / t_curve
-        V = int(np.argmax(goodput))
-        ks = np.bincount(order[:V] // K, minlength=N).astype(np.int64)
-        # Marginal value of a draft token at the optimum: goodput x marginal time per token.
-        nxt = min(V + 1, v_max)
-        dt = (t_curve[nxt] - t_curve[V]) / max(nxt - V, 1) if nxt > V else t_curve[V] * 0.01
-        lam = float(goodput[V] * max(dt, 0.0))
+        ks, _, lam, _ = kern.allocate(np.ascontiguousarray(g, dtype=np.float64), v_max, t_curve)
         return ks, lam, t_curve, v_max
 
     def _probe(self, g: np.ndarray) -> np.ndarray:
@@ -609,29 +580,30 @@ class AdaptiveController(SpecPolicy):
     def _learn(
         self, pend: dict[str, Any], rows: np.ndarray, lens: np.ndarray, tok: np.ndarray
     ) -> None:
-        """Censored per-position labels of every offered draft against the committed tokens."""
-        K = self.max_k
-        n = rows.shape[0]
-        em = np.full((n, K), -2, dtype=np.int64)
-        m = np.minimum(lens, K)
-        if tok.size:
-            starts = np.cumsum(lens) - lens
-            r = np.repeat(np.arange(n), m)
-            c = np.arange(int(m.sum())) - np.repeat(np.cumsum(m) - m, m)
-            em[r, c] = tok[np.repeat(starts, m) + c]
-        drafts = pend["drafts"][rows]  # [n, P, K]
-        avail = pend["avail"][rows]  # [n, P]
-        known = np.minimum(avail, lens[:, None])  # positions judged
-        miss = (drafts != em[:, None, :]) & (self._jpos[None, None, :] < known[:, :, None])
-        first_miss = np.where(miss.any(axis=2), miss.argmax(axis=2), K)
-        n_ones = np.minimum(first_miss, known)
-        n_zero = ((n_ones < known) & (n_ones < avail)).astype(np.int64)
-        has = (n_ones + n_zero) > 0  # [n, P]
-        if not has.any():
+        """Censored per-position labels of every offered draft against the committed tokens
+        (:func:`adaptive_spec.controller_kernels.learn`)."""
+        acc = self.acceptance
+        ri, pi, ones, zero = kern.learn(
+            rows,
+            lens,
+            tok,
+            pend["drafts"],
+            pend["avail"],
+            pend["cells"],
+            pend["slots"],
+            acc.acc.reshape(-1, self.max_k),
+            acc.tri.reshape(-1, self.max_k),
+            acc.discount,
+            self._hist_rate,
+            self._hist_n,
+            self._hist_b,
+            self.ema_weight,
+            HIST_EDGES[0],
+            HIST_EDGES[1],
+        )
+        if ri.size == 0:
             return
-        ri, pi = np.nonzero(has)
-        gr = rows[ri]
-        ones, zero = n_ones[ri, pi], n_zero[ri, pi]
+        acc.counts_changed()
         if pend.get("alpha") is not None:
             # Predicted conditional acceptance of every judged position, with its label.
             judged = self._jpos[None, :] < (ones + zero)[:, None]
@@ -640,23 +612,10 @@ class AdaptiveController(SpecPolicy):
                 (
                     pi[r_i],
                     j_i,
-                    pend["alpha"][gr[r_i], pi[r_i], j_i],
+                    pend["alpha"][ri[r_i], pi[r_i], j_i],
                     (j_i < ones[r_i]).astype(np.int8),
                 )
             )
-        self.acceptance.update(
-            pi, pend["temp"][gr], pend["hist"][gr, pi], pend["match"][gr, pi], ones, zero
-        )
-        # Per-request history: moving average of the per-position acceptance rate.
-        slots = pend["slots"][gr]
-        rate = ones / np.maximum(ones + zero, 1)
-        w = self.ema_weight
-        cur = self._hist_rate[slots, pi]
-        first = self._hist_n[slots, pi] == 0
-        new_rate = np.where(first, rate, (1 - w) * cur + w * rate)
-        self._hist_rate[slots, pi] = new_rate
-        self._hist_n[slots, pi] += 1
-        self._hist_b[slots, pi] = history_bucket(new_rate, np.ones_like(new_rate))
 
     # -- other verbs --------------------------------------------------------------------------------
     def jacobi_guess_wanted(self, req_ids: list[str]) -> list[bool]:

@@ -103,7 +103,9 @@ class StepCostModel:
         # per-step path slices it instead of interpolating the table again (cleared when the table
         # changes).
         self._curves: dict[tuple[int, bool], np.ndarray] = {}
-        self._cell_of: dict[tuple[int, int], tuple[int, int]] = {}
+        # Nearest grid row per batch size, nearest grid column per V (grown on demand).
+        self._row_of: dict[int, int] = {}
+        self._col_of = nearest_index(self.table.draft_tokens, np.arange(257))
         shape = self.table.seconds.shape
         self._cell_w = np.zeros(shape)
         self._cell_r = np.zeros(shape)
@@ -214,13 +216,16 @@ class StepCostModel:
         self.log_load += self.load_rate * lr
         resid = r - self.log_load
         self.abs_log_residual += 0.02 * (min(abs(resid), MAX_LOG_RATIO) - self.abs_log_residual)
-        cell = self._cell_of.get((batch_size, verified_tokens))
-        if cell is None:
-            cell = self._cell_of[(batch_size, verified_tokens)] = (
-                int(nearest_index(self.table.batch_sizes, np.array([batch_size]))[0]),
-                int(nearest_index(self.table.draft_tokens, np.array([verified_tokens]))[0]),
+        bi = self._row_of.get(batch_size)
+        if bi is None:
+            bi = self._row_of[batch_size] = int(
+                nearest_index(self.table.batch_sizes, np.array([batch_size]))[0]
             )
-        bi, vi = cell
+        if verified_tokens >= self._col_of.shape[0]:
+            self._col_of = nearest_index(
+                self.table.draft_tokens, np.arange(2 * verified_tokens + 1)
+            )
+        vi = int(self._col_of[verified_tokens])
         self._cell_w[bi, vi] += 1.0
         self._cell_r[bi, vi] += min(max(resid, -MAX_LOG_RATIO), MAX_LOG_RATIO)
         self.n_updates += 1

@@ -29,6 +29,10 @@ import math
 
 import numpy as np
 
+from adaptive_spec import controller_kernels as kern
+
+_NO_FINISHED = np.zeros(0, dtype=np.bool_)
+
 
 class ConservativeGuard:
     """Budget of a conservative controller against a baseline (see the module docstring).
@@ -141,14 +145,25 @@ class BaselineTracker:
         self.H = history
         self.ring = np.zeros((16, history), dtype=np.int64)
         self.length = np.zeros(16, dtype=np.int64)  # tokens committed per slot (absolute)
-        # Pending drafts.
-        self.p_slot = np.zeros(0, dtype=np.int64)
-        self.p_pos = np.zeros(0, dtype=np.int64)
-        self.p_k = np.zeros(0, dtype=np.int64)
-        self.p_step = np.zeros(0, dtype=np.int64)
-        self.p_draft = np.zeros((0, max_k), dtype=np.int64)
+        # Pending drafts: the first ``n_pending`` rows of these arrays (grown by doubling).
+        self.n_pending = 0
+        self._alloc_pending(64)
         # Per step: [baseline tokens so far, unresolved drafts, baseline time, run tokens, run time].
         self.steps: dict[int, list[float]] = {}
+
+    def _alloc_pending(self, capacity: int) -> None:
+        n = self.n_pending
+        old = (self.p_slot, self.p_pos, self.p_k, self.p_step, self.p_draft) if n else (None,) * 5
+        self.p_slot = np.zeros(capacity, dtype=np.int64)
+        self.p_pos = np.zeros(capacity, dtype=np.int64)
+        self.p_k = np.zeros(capacity, dtype=np.int64)
+        self.p_step = np.zeros(capacity, dtype=np.int64)
+        self.p_draft = np.zeros((capacity, self.K), dtype=np.int64)
+        if n:
+            for new, prev in zip(
+                (self.p_slot, self.p_pos, self.p_k, self.p_step, self.p_draft), old, strict=True
+            ):
+                new[:n] = prev[:n]
 
     def ensure(self, n_slots: int) -> None:
         if n_slots > self.ring.shape[0]:
@@ -163,13 +178,18 @@ class BaselineTracker:
         """A slot (re)starts at output position ``position``; its pending drafts are dropped."""
         self.ensure(slot + 1)
         self.length[slot] = position
-        keep = self.p_slot != slot
-        if not keep.all():
-            for s in np.unique(self.p_step[~keep]):
+        n = self.n_pending
+        drop = self.p_slot[:n] == slot
+        if drop.any():
+            for s in np.unique(self.p_step[:n][drop]):
                 rec = self.steps.get(int(s))
                 if rec is not None:
-                    rec[1] -= int(((self.p_step == s) & ~keep).sum())
-            self._filter(keep)
+                    rec[1] -= int((drop & (self.p_step[:n] == s)).sum())
+            keep = np.flatnonzero(~drop)
+            m = keep.size
+            for arr in (self.p_slot, self.p_pos, self.p_k, self.p_step, self.p_draft):
+                arr[:m] = arr[keep]
+            self.n_pending = m
 
     def add_drafts(
         self,
@@ -178,19 +198,35 @@ class BaselineTracker:
         positions: np.ndarray,
         drafts: np.ndarray,
         ks: np.ndarray,
+        rows: np.ndarray | None = None,
     ) -> None:
         """Register the baseline's drafts of one decision for the requests that played something
-        else: ``drafts`` int64 [n, max_k] (first ``ks`` valid), at output ``positions`` of ``slots``
-        (the others' baseline tokens are their own, given to :meth:`set_step_times`)."""
+        else: ``drafts`` int64 [n, >= max(ks)] (first ``ks`` valid), at output ``positions`` of
+        ``slots``; ``rows`` (bool [n], default all) selects the requests to register (the others'
+        baseline tokens are their own, given to :meth:`set_step_times`)."""
         n = len(slots)
-        self.steps[step] = [0.0, float(n), math.nan, 0.0, math.nan]
-        if n == 0:
+        sel = np.ones(n, dtype=np.bool_) if rows is None else rows
+        count = int(sel.sum()) if n else 0
+        self.steps[step] = [0.0, float(count), math.nan, 0.0, math.nan]
+        if count == 0:
             return
-        self.p_slot = np.concatenate([self.p_slot, slots])
-        self.p_pos = np.concatenate([self.p_pos, positions])
-        self.p_k = np.concatenate([self.p_k, ks])
-        self.p_step = np.concatenate([self.p_step, np.full(n, step, dtype=np.int64)])
-        self.p_draft = np.concatenate([self.p_draft, drafts])
+        need = self.n_pending + count
+        if need > self.p_slot.shape[0]:
+            self._alloc_pending(max(need, 2 * self.p_slot.shape[0]))
+        self.n_pending = kern.tracker_add(
+            self.p_slot,
+            self.p_pos,
+            self.p_k,
+            self.p_step,
+            self.p_draft,
+            self.n_pending,
+            step,
+            np.ascontiguousarray(slots, dtype=np.int64),
+            np.ascontiguousarray(positions, dtype=np.int64),
+            np.ascontiguousarray(drafts, dtype=np.int64),
+            np.ascontiguousarray(ks, dtype=np.int64),
+            np.ascontiguousarray(sel, dtype=np.bool_),
+        )
 
     def set_step_times(
         self,
@@ -217,53 +253,41 @@ class BaselineTracker:
 
     def commit_flat(self, slots: np.ndarray, lens: np.ndarray, flat: np.ndarray | None) -> None:
         """Append committed tokens: ``flat`` holds ``lens[i]`` tokens for ``slots[i]``, in order."""
-        total = int(lens.sum())
-        if total == 0 or flat is None:
+        if flat is None or flat.size == 0:
             return
-        offs = np.repeat(self.length[slots], lens) + (
-            np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
+        kern.tracker_commit(
+            self.ring,
+            self.length,
+            np.ascontiguousarray(slots, dtype=np.int64),
+            np.ascontiguousarray(lens, dtype=np.int64),
+            np.ascontiguousarray(flat, dtype=np.int64),
         )
-        self.ring[np.repeat(slots, lens), offs % self.H] = flat
-        self.length[slots] += lens
 
     def resolve(self, finished: np.ndarray | None = None) -> list[tuple[int, list[float]]]:
         """Resolve what the committed tokens decide. ``finished``: bool per slot (those requests
         emit nothing more). Returns the steps completed now as ``(step, [baseline tokens, 0,
         baseline time, run tokens, run time])``."""
-        if self.p_slot.size == 0:
-            return self._complete()
-        K = self.K
-        known = self.length[self.p_slot] - self.p_pos  # tokens known after the draft's position
-        j = np.arange(K)
-        idx = (self.p_pos[:, None] + j[None, :]) % self.H
-        toks = self.ring[self.p_slot[:, None], idx]
-        valid = (j[None, :] < self.p_k[:, None]) & (j[None, :] < known[:, None])
-        eq = (toks == self.p_draft) & valid
-        # matched prefix within the known tokens
-        miss = valid & ~eq
-        first_miss = np.where(miss.any(axis=1), miss.argmax(axis=1), K + 1)
-        matched = np.minimum(np.minimum(first_miss, self.p_k), known)
-        done = (first_miss <= K) | (known >= self.p_k + 1)
-        fin = (
-            finished[self.p_slot]
-            if finished is not None
-            else np.zeros(self.p_slot.size, dtype=bool)
-        )
-        done |= fin
-        if not done.any():
-            return self._complete()
-        emitted = np.minimum(matched + 1, np.maximum(known, 1))
-        for s, e in zip(self.p_step[done].tolist(), emitted[done].tolist(), strict=True):
-            rec = self.steps.get(s)
-            if rec is not None:
-                rec[0] += e
-                rec[1] -= 1
-        self._filter(~done)
+        if self.n_pending:
+            self.n_pending, steps, emitted = kern.tracker_resolve(
+                self.ring,
+                self.length,
+                self.p_slot,
+                self.p_pos,
+                self.p_k,
+                self.p_step,
+                self.p_draft,
+                self.n_pending,
+                _NO_FINISHED
+                if finished is None
+                else np.ascontiguousarray(finished, dtype=np.bool_),
+            )
+            recs = self.steps
+            for s, e in zip(steps.tolist(), emitted.tolist(), strict=True):
+                rec = recs.get(s)
+                if rec is not None:
+                    rec[0] += e
+                    rec[1] -= 1
         return self._complete()
-
-    def _filter(self, keep: np.ndarray) -> None:
-        self.p_slot, self.p_pos, self.p_k = self.p_slot[keep], self.p_pos[keep], self.p_k[keep]
-        self.p_step, self.p_draft = self.p_step[keep], self.p_draft[keep]
 
     def _complete(self) -> list[tuple[int, list[float]]]:
         out = []
@@ -275,4 +299,4 @@ class BaselineTracker:
         return out
 
     def pending(self) -> int:
-        return int(self.p_slot.size)
+        return self.n_pending

@@ -188,15 +188,10 @@ def test_controller_learns_from_committed_tokens_only():
     from adaptive_spec.arms import Arm
     from adaptive_spec.protocol import RequestOutcome, RequestView, StepOutcome, StepView
 
-    ctrl = AdaptiveController(["ngram"], MAX_K, exploration="greedy", seed=0)
+    ctrl = AdaptiveController(["ngram"], MAX_K, exploration="greedy", seed=0, discount=1.0)
     draft = np.array([5, 6, 7, 8], dtype=np.int64)
-    labels: list[tuple[int, int]] = []
     model = ctrl.acceptance
-    learn = model.update
-    model.update = lambda p, t, h, m, ones, zero: (
-        labels.extend(zip(ones.tolist(), zero.tolist(), strict=True)),
-        learn(p, t, h, m, ones, zero),
-    )[1]
+    acc0, tri0 = model.acc.copy(), model.tri.copy()
     v = RequestView("a", 3, 100)
     v.drafts["ngram"] = draft
     ctrl.decide(StepView([v], batch_size=1))
@@ -204,5 +199,12 @@ def test_controller_learns_from_committed_tokens_only():
     ctrl.observe(
         StepOutcome([RequestOutcome("a", Arm("ngram", 4), 4, 2, [5, 6], True)], 0.01, 1, 4)
     )
+    # Per position, what was learned (summed over the context cells): one trial and one acceptance
+    # at positions 1 and 2; nothing at 3 and 4.
+    accepted = (model.acc - acc0).reshape(-1, MAX_K).sum(axis=0)
+    trials = (model.tri - tri0).reshape(-1, MAX_K).sum(axis=0)
+    labels = [(int((accepted > 0).sum()), int((trials - accepted).sum()))]
+    assert accepted[:2].tolist() == [1.0, 1.0] and trials[:2].tolist() == [1.0, 1.0]
+    assert not accepted[2:].any() and not trials[2:].any()
     assert labels == [(2, 0)]  # two labelled positions, both accepted; the rest unknown
     assert ctrl.num_tracked_requests() == 0
