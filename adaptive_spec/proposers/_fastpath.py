@@ -8,14 +8,77 @@ call costs tens of microseconds of dispatch per op, too much for a per-step, per
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from .base import EMPTY
+
+_NO_VOCAB_LIMIT = np.iinfo(np.int64).max
+
+
+@njit(cache=True)
+def ngram_draft(
+    tokens: np.ndarray, k: int, min_n: int, max_n: int, window: int, vocab_size: int
+) -> tuple[np.ndarray, int]:
+    """Prompt lookup for one request, compiled (Numba): :func:`ngram_match_np`, with the draft cut
+    before its first id outside ``[0, vocab_size)`` (what the proposer returns). ``tokens``: int64
+    [n], C-contiguous. Returns ``(draft int64 [0..k], matched suffix length)``."""
+    n_tok = tokens.shape[0]
+    lo = n_tok - window if n_tok > window else 0
+    lw = n_tok - lo
+    empty = np.zeros(0, dtype=np.int64)
+    if lw < 2 or max_n < 1:
+        return empty, 0
+    top = min(max_n, lw)
+    last = tokens[n_tok - 1]
+    best = 0
+    e_star = -1
+    for e in range(
+        n_tok - 2, lo - 1, -1
+    ):  # most recent first: a longer match must beat it strictly
+        if tokens[e] != last:
+            continue
+        m = 1
+        while m < top and e - m >= lo and tokens[e - m] == tokens[n_tok - 1 - m]:
+            m += 1
+        if m > best:
+            best = m
+            e_star = e
+            if best == top:
+                break
+    if best < min_n:
+        return empty, 0
+    if k <= 0:
+        return empty, best
+    period = n_tok - 1 - e_star
+    out = np.empty(k, dtype=np.int64)
+    n_out = 0
+    for t in range(k):  # what followed the match, copied with overlap (a period repeats)
+        x = tokens[e_star + 1 + t % period]
+        if x < 0 or x >= vocab_size:
+            break
+        out[t] = x
+        n_out += 1
+    return out[:n_out], best
+
+
+_ngram_warm = False
+
+
+def warm_up_ngram() -> None:
+    """Load (or compile, once per machine) :func:`ngram_draft` now rather than in an engine step."""
+    global _ngram_warm
+    if not _ngram_warm:
+        ngram_draft(np.array([1, 2, 1, 2], dtype=np.int64), 2, 1, 2, 16, 10)
+        _ngram_warm = True
 
 
 def ngram_match_np(
     tokens: np.ndarray, k: int, min_n: int, max_n: int, window: int
 ) -> tuple[np.ndarray, int]:
     """Prompt lookup for one request; equals ``kernels.ngram_match_reference`` row by row.
+
+    The scan is compiled (:func:`ngram_draft`): one request costs about a microsecond plus the
+    scan, where the NumPy version it replaced cost 15-30 us of dispatch.
 
     Parameters
     ----------
@@ -33,29 +96,9 @@ def ngram_match_np(
     n : int
         Matched suffix length (0 if none).
     """
-    h = tokens[-window:] if tokens.shape[0] > window else tokens
-    lw = h.shape[0]
-    if lw < 2 or max_n < 1:
-        return EMPTY, 0
-    # end positions e whose match length reaches j + 1, for growing j (survivors shrink)
-    alive = np.flatnonzero(h[:-1] == h[-1])
-    if alive.size == 0:
-        return EMPTY, 0
-    best = 1
-    for j in range(1, min(max_n, lw)):
-        c = alive[alive >= j]
-        nxt = c[h[c - j] == h[lw - 1 - j]]
-        if nxt.size == 0:
-            break
-        alive, best = nxt, j + 1
-    if best < min_n:
-        return EMPTY, 0
-    if k <= 0:
-        return EMPTY, best
-    e_star = int(alive[-1])
-    period = lw - 1 - e_star
-    t = np.arange(k)
-    return h[e_star + 1 + t % period].astype(np.int64, copy=False), best
+    return ngram_draft(
+        np.ascontiguousarray(tokens, dtype=np.int64), k, min_n, max_n, window, _NO_VOCAB_LIMIT
+    )
 
 
 def jacobi_next_np(

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..kernels import check_ngram_config, ngram_match
-from ._fastpath import ngram_match_np
+from ._fastpath import ngram_draft, warm_up_ngram
 from .base import (
     EMPTY,
     ProposalRequest,
@@ -22,6 +22,16 @@ from .base import (
 )
 
 BACKENDS = ("numpy", "auto", "torch", "triton")
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
+
+def _length(token_ids: object) -> int:
+    """Length of a request's history as the proposer reads it (garbage counts as empty)."""
+    return (
+        int(as_tokens(token_ids).shape[0])
+        if not isinstance(token_ids, np.ndarray)
+        else token_ids.size
+    )
 
 
 class NgramProposer(Proposer):
@@ -81,32 +91,41 @@ class NgramProposer(Proposer):
         self.window = window
         self.backend = backend
         self.device = torch.device(device)
+        if backend == "numpy":
+            warm_up_ngram()  # its compiled lookup, loaded before the first step
         # Matched lengths of the last ``propose`` call, by request object: the step driver asks for
         # each request's match feature right after drafting, and the lookup found it already.
         self._matched: dict[int, tuple[ProposalRequest, int, int]] = {}
 
-    def _one(self, request: ProposalRequest, cap: int) -> tuple[np.ndarray, int]:
-        toks = as_tokens(request.token_ids)
-        draft, n = ngram_match_np(toks, cap, self.min_n, self.max_n, self.window)
-        return draft, n
+    def _one(self, request: ProposalRequest, cap: int, vocab: int) -> tuple[np.ndarray, int]:
+        toks = request.token_ids
+        if not (
+            type(toks) is np.ndarray
+            and toks.ndim == 1
+            and toks.dtype == np.int64
+            and toks.flags.c_contiguous
+        ):
+            toks = np.ascontiguousarray(as_tokens(toks))
+        vocab = min(max(vocab, 0), _INT64_MAX)
+        return ngram_draft(toks, cap, self.min_n, self.max_n, self.window, vocab)
 
     def propose(self, requests: Sequence[ProposalRequest], ks: Sequence[int]) -> list[np.ndarray]:
         """Prompt-lookup drafts per request (see :meth:`Proposer.propose`)."""
         kl = check_ks(requests, ks)
         caps = [draft_cap(r, k, self.max_k) for r, k in zip(requests, kl, strict=True)]
-        vocab = [as_int(r.vocab_size) for r in requests]
         self._matched = {}
         if self.backend == "numpy":
-            raw = []
+            out = []
             for r, c in zip(requests, caps, strict=True):
                 if c > 0:
-                    d, n = self._one(r, c)
-                    self._matched[id(r)] = (r, len(r.token_ids), n)
-                    raw.append(d)
+                    d, n = self._one(r, c, as_int(r.vocab_size))
+                    self._matched[id(r)] = (r, _length(r.token_ids), n)
+                    out.append(d)
                 else:
-                    raw.append(EMPTY)
-        else:
-            raw = self._batched(requests, caps)
+                    out.append(EMPTY)
+            return out
+        vocab = [as_int(r.vocab_size) for r in requests]
+        raw = self._batched(requests, caps)
         return [clean_draft(d, c, v) for d, c, v in zip(raw, caps, vocab, strict=True)]
 
     def _batched(self, requests: Sequence[ProposalRequest], caps: list[int]) -> list[np.ndarray]:
@@ -137,6 +156,6 @@ class NgramProposer(Proposer):
         drafted for this very request object with the same history length (the step driver builds
         new requests every step and asks right after drafting)."""
         hit = self._matched.get(id(request))
-        if hit is not None and hit[0] is request and hit[1] == len(request.token_ids):
+        if hit is not None and hit[0] is request and hit[1] == _length(request.token_ids):
             return hit[2]
-        return self._one(request, 0)[1]
+        return self._one(request, 0, 1)[1]
