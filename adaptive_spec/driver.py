@@ -295,27 +295,30 @@ class StepDriver:
         arms: list[Arm] = []
         flags: list[bool] = []
         trace = self.tracer is not None
+        offered = (*self.proposers, *self.external)  # whose drafts can reach a decision
+        props, feats_l = decision.propensities, decision.features
+        n_props, n_feats = len(props), len(feats_l)
+        all_argmax = wanted is None or self.record_all_argmax
         for i, (v, arm) in enumerate(zip(views, decision.arms, strict=True)):
-            if not isinstance(arm, Arm):
+            if type(arm) is not Arm and not isinstance(arm, Arm):
                 raise ValueError(f"policy {self.policy.name!r} returned {arm!r}; expected an Arm")
             k = arm.k
             d = v.drafts.get(arm.proposer) if k > 0 else None
-            offered = (*self.proposers, *self.external)
             if k > 0 and d is None and arm.proposer not in offered:
                 raise ValueError(
                     f"policy {self.policy.name!r} chose {arm} but proposer {arm.proposer!r} is "
-                    f"not offered; offered: {', '.join([*self.proposers, *self.external]) or 'none'}"
+                    f"not offered; offered: {', '.join(offered) or 'none'}"
                 )
-            chosen = [] if d is None else [int(t) for t in d[:k]]
+            chosen = [] if d is None else [int(t) for t in d[:k].tolist()]
             if not chosen:
                 arm = NO_SPEC
             elif len(chosen) < k:
                 arm = Arm(arm.proposer, len(chosen))
             cf = {p: [int(t) for t in dd] for p, dd in v.drafts.items()} if trace else {}
-            prop = decision.propensities[i] if i < len(decision.propensities) else None
-            feats = decision.features[i] if i < len(decision.features) else []
+            prop = props[i] if i < n_props else None
+            feats = feats_l[i] if i < n_feats else []
             self._chosen[v.req_id] = (arm, prop, feats, cf, chosen)
-            flag = bool(chosen) and (wanted is None or self.record_all_argmax or bool(wanted[i]))
+            flag = bool(chosen) and (all_argmax or bool(wanted[i]))
             self._argmax_wanted[v.req_id] = flag
             req_ids.append(v.req_id)
             drafts.append(chosen)

@@ -144,6 +144,43 @@ def test_controller_fault_falls_back(tiny_llm, reference):
     assert spec.stats()["faults"] == spec.faults
 
 
+def test_engine_ngram_drafter_runs_only_for_a_failed_decision(tiny_llm, reference):
+    """While the controller decides, vLLM's own n-gram drafter is skipped (its drafts would be
+    discarded); when a decision fails, the engine's own drafts are made from that step's arrays and
+    handed to the scheduler, as without the controller. Same tokens either way."""
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    prompts, ref = reference
+    runner = (
+        tiny_llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    )
+    calls: list[int] = []
+    inner = runner.drafter.propose
+
+    def counted(*a, **kw):
+        out = inner(*a, **kw)
+        calls.append(len(out))
+        return out
+
+    runner.drafter.propose = counted
+    try:
+        with AdaptiveSpec(tiny_llm, ["none", "ngram"], policy="static:ngram:4") as spec:
+            out = _generate(tiny_llm, prompts, max_tokens=40)
+        assert out == ref and spec.faults == 0
+        assert not calls, "vLLM's n-gram drafter ran while the controller decided"
+        with AdaptiveSpec(
+            tiny_llm, ["none", "ngram"], policy=RaisingPolicy(["ngram"], 4, every=3)
+        ) as spec:
+            out = _generate(tiny_llm, prompts, max_tokens=40)
+        assert out == ref and spec.faults > 0
+        # Once per failed decision (a step whose drafts go to the scheduler), never otherwise.
+        assert 0 < len(calls) <= spec.faults, (len(calls), spec.faults)
+        assert "propose" in vars(runner.drafter)  # restored to this test's wrapper on detach
+    finally:
+        del runner.drafter.propose
+    assert "propose" not in vars(runner.drafter)
+
+
 def test_refusals(tiny_llm, monkeypatch):
     from adaptive_spec.vllm import AdaptiveSpec, AttachError
     from adaptive_spec.vllm import attach as attach_mod
