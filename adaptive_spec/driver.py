@@ -298,7 +298,9 @@ class StepDriver:
         offered = (*self.proposers, *self.external)  # whose drafts can reach a decision
         props, feats_l = decision.propensities, decision.features
         n_props, n_feats = len(props), len(feats_l)
-        all_argmax = wanted is None or self.record_all_argmax
+        # The target's argmax rows serve Jacobi's next draft only (and trace diagnostics).
+        jacobi = "jacobi" in self.proposers
+        all_argmax = (jacobi and wanted is None) or self.record_all_argmax
         for i, (v, arm) in enumerate(zip(views, decision.arms, strict=True)):
             if type(arm) is not Arm and not isinstance(arm, Arm):
                 raise ValueError(f"policy {self.policy.name!r} returned {arm!r}; expected an Arm")
@@ -318,7 +320,7 @@ class StepDriver:
             prop = props[i] if i < n_props else None
             feats = feats_l[i] if i < n_feats else []
             self._chosen[v.req_id] = (arm, prop, feats, cf, chosen)
-            flag = bool(chosen) and (all_argmax or bool(wanted[i]))
+            flag = bool(chosen) and (all_argmax or (jacobi and bool(wanted[i])))
             self._argmax_wanted[v.req_id] = flag
             req_ids.append(v.req_id)
             drafts.append(chosen)
