@@ -7,7 +7,8 @@ or faster (a noisy neighbour, thermal limits) moves ``load`` within a few steps.
 multiplies every cell, it never changes which allocation has the best goodput: it rescales time.
 
 The shape of the table is corrected slowly: each decode step's residual ``log(observed / (load *
-table))`` is accumulated in the grid cell nearest to its ``(B, V)``; every ``refresh_every`` steps the
+table))`` is accumulated in the grid cell nearest to its ``(B, V)``; every ``refresh_every`` steps (up to
+4 times that while the corrections stay below 2 %) the
 residuals are centred (their weighted mean over the observed cells is drift, which the load factor
 follows; only differences between cells say the shape is wrong),
 each cell with data moves toward its observations by ``n / (n + w)`` of its mean residual (``w``: the
@@ -37,6 +38,8 @@ from adaptive_spec.cost_table import StepCostTable, make_monotone, nearest_index
 
 #: Largest |log ratio| one observation may move the load factor by (a 1 s stall is not a new regime).
 MAX_LOG_RATIO = math.log(3.0)
+#: A shape correction below this (|log ratio| of every cell) lets the next one wait twice as long.
+SMALL_CORRECTION = 0.02
 
 
 class StepCostModel:
@@ -50,7 +53,9 @@ class StepCostModel:
     load_rate : float in (0, 1]
         Weight of the newest decode step in the load factor's moving average (0.1: about 10 steps).
     refresh_every : int >= 1
-        Decode steps between two corrections of the table's shape.
+        Decode steps between two corrections of the table's shape while they change it; after a
+        correction that moved no cell by 2 % or more the interval doubles, up to 4 times this (a
+        correction rebuilds the table: 0.3-1 ms on 2 CPU cores), and a larger one resets it.
     prior_weight : float > 0
         Largest weight of a cell's measured value: a cell backed by ``n`` measurements needs
         ``min(max(n, 1), prior_weight)`` observations to move halfway to their mean residual.
@@ -85,6 +90,7 @@ class StepCostModel:
             )
         self.load_rate = float(load_rate)
         self.refresh_every = refresh_every
+        self._refresh_interval = refresh_every
         self.prior_weight = float(prior_weight)
         self.scale_on_first = table is None
         self.table = prior_table() if table is None else table
@@ -230,17 +236,24 @@ class StepCostModel:
         self._cell_r[bi, vi] += min(max(resid, -MAX_LOG_RATIO), MAX_LOG_RATIO)
         self.n_updates += 1
         self._since_refresh += 1
-        if self._since_refresh >= self.refresh_every:
-            self.refresh()
+        if self._since_refresh >= self._refresh_interval:
+            moved = self.refresh()
+            small = moved < SMALL_CORRECTION
+            self._refresh_interval = (
+                min(2 * self._refresh_interval, 4 * self.refresh_every)
+                if small
+                else self.refresh_every
+            )
         return True
 
-    def refresh(self) -> None:
-        """Move the table's cells toward their observed residuals (see the module docstring)."""
+    def refresh(self) -> float:
+        """Move the table's cells toward their observed residuals (see the module docstring).
+        Returns the largest correction applied to a cell, as ``|log(new / old)|`` (0 when none)."""
         self._since_refresh = 0
         w, r = self._cell_w, self._cell_r
         has = w > 0
         if not has.any():
-            return
+            return 0.0
         mean = np.where(has, r / np.maximum(w, 1e-12), 0.0)
         # Only the shape is learned here: the residuals' weighted mean over the observed cells is a
         # uniform drift, the load factor's job (with one cell observed, nothing is learned).
@@ -291,6 +304,7 @@ class StepCostModel:
         self._cell_w = w * 0.0
         self._curves = {}
         self.n_refreshes += 1
+        return float(np.abs(corr).max())
 
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -323,3 +337,4 @@ class StepCostModel:
         self.prefill_s_per_token = pre
         self._reset_cells()
         self._since_refresh = 0
+        self._refresh_interval = self.refresh_every
