@@ -5,9 +5,10 @@ steps shaped like the embedded default's traffic (max k 8; an n-gram draft for 3
 suffix-like drafts for 60 %, Jacobi drafts for the requests whose argmax rows were recorded), at batch
 sizes 1, 4, 16, 64 and 256. The views, drafts and outcomes are built before the clock starts; only
 the two calls are timed. Prints the median and the 90th percentile over the timed steps (wall time;
-``--cpu``: the thread's CPU time, which a busy machine disturbs less).
+``--cpu``: the thread's CPU time, which a busy machine disturbs less; ``--cold``: 128 MB are read
+before each timed call, so that the caches are as cold as after an engine's forward pass).
 
-    python benchmarks/bench_controller.py [--steps 400] [--batches 1,4,16,64,256] [--json out.json]
+    python benchmarks/bench_controller.py [--steps 400] [--batches 1,4,16,64,256] [--cold] [--json out.json]
 
 The step driver around the policy (proposers, trace, metrics) is timed with ``--driver``: the same
 steps through :class:`adaptive_spec.driver.StepDriver` with external drafts.
@@ -28,6 +29,15 @@ from adaptive_spec.protocol import RequestOutcome, RequestView, StepOutcome, Ste
 K = 8
 # --cpu: time.thread_time (CPU time of this thread: robust to a busy machine)
 _clock = time.perf_counter
+# --cold: an array the size of a forward pass's working set, read before each timed call
+_evict: np.ndarray | None = None
+
+
+def _cold() -> None:
+    if _evict is not None:
+        _evict.sum()
+
+
 PROPOSERS = ["ngram", "jacobi"]
 COVER = {"ngram": 0.3, "jacobi": 0.5}
 ACCEPT = {"ngram": 0.7, "jacobi": 0.1}
@@ -77,10 +87,12 @@ def time_policy(batch: int, steps: int, warmup: int = 50) -> dict[str, float]:
     for t, (views, info) in enumerate(data):
         for v in views:
             v.num_output_tokens = pos[v.req_id]
+        _cold()
         t0 = _clock()
         dec = ctrl.decide(StepView(views, batch_size=batch))
         t1 = _clock()
         outcome = outcome_of(views, dec.arms, info["truth"])
+        _cold()
         t2 = _clock()
         ctrl.observe(outcome)
         t3 = _clock()
@@ -110,6 +122,7 @@ def time_driver(batch: int, steps: int, warmup: int = 50) -> dict[str, float]:
             p: {v.req_id: v.match_lengths[p] for v in views if p in v.drafts} for p in PROPOSERS
         }
         live = [LiveRequest(v.req_id, n_out[v.req_id], 100_000) for v in views]
+        _cold()
         t0 = _clock()
         dec = drv.decide(live, batch_size=batch, external_drafts=ext, external_match=match)
         t1 = _clock()
@@ -121,6 +134,7 @@ def time_driver(batch: int, steps: int, warmup: int = 50) -> dict[str, float]:
             n_out[dec.req_ids[i]] += len(em)
             verified.append(VerifiedRequest(dec.req_ids[i], len(d), m, em))
         v_tot = sum(len(d) for d in dec.drafts)
+        _cold()
         t2 = _clock()
         drv.observe(verified, step_time_s=0.02, batch_size=batch, num_verified_tokens=v_tot)
         t3 = _clock()
@@ -153,10 +167,18 @@ def main() -> int:
         action="store_true",
         help="time with this thread's CPU time instead of wall time (for a machine that is busy)",
     )
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="read 128 MB before each timed call, as an engine step's forward pass does: the caches "
+        "are then cold, which is what the controller meets inside the engine",
+    )
     args = ap.parse_args()
-    global _clock
+    global _clock, _evict
     if args.cpu:
         _clock = time.thread_time
+    if args.cold:
+        _evict = np.ones(16 << 20)
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
     rows = []
     print(
