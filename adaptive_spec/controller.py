@@ -44,9 +44,8 @@ Weak arms cost little: Jacobi drafts need the target's argmax at verified positi
 asks the engine for those rows (``Decision.argmax_wanted``) only for the requests that play Jacobi now
 (their iterate goes on), plus a shadow sample of one request-step in ``shadow_every`` that keeps
 scoring it elsewhere (one in ``8 * shadow_every`` until it is played and once it has not been played
-for 256 steps: the rows
-cost about 0.5 ms of bfloat16 argmax over the vocabulary on 2 CPU cores); Jacobi drafts exist only
-where such rows were recorded.
+for 256 steps: the rows cost about 0.5 ms of bfloat16 argmax over the vocabulary on 2 CPU cores).
+Jacobi drafts exist only where such rows were recorded.
 """
 
 from __future__ import annotations
