@@ -151,19 +151,21 @@ class BaselineTracker:
         # Per step: [baseline tokens so far, unresolved drafts, baseline time, run tokens, run time].
         self.steps: dict[int, list[float]] = {}
 
+    def _pending_arrays(self) -> tuple[np.ndarray, ...]:
+        """The pending drafts' slot, position, k, step (int64 [capacity]) and draft (int64
+        [capacity, max_k]) arrays, in the kernels' argument order."""
+        return self.p_slot, self.p_pos, self.p_k, self.p_step, self.p_draft
+
     def _alloc_pending(self, capacity: int) -> None:
         n = self.n_pending
-        old = (self.p_slot, self.p_pos, self.p_k, self.p_step, self.p_draft) if n else (None,) * 5
+        old = self._pending_arrays() if n else ()
         self.p_slot = np.zeros(capacity, dtype=np.int64)
         self.p_pos = np.zeros(capacity, dtype=np.int64)
         self.p_k = np.zeros(capacity, dtype=np.int64)
         self.p_step = np.zeros(capacity, dtype=np.int64)
         self.p_draft = np.zeros((capacity, self.K), dtype=np.int64)
-        if n:
-            for new, prev in zip(
-                (self.p_slot, self.p_pos, self.p_k, self.p_step, self.p_draft), old, strict=True
-            ):
-                new[:n] = prev[:n]
+        for new, prev in zip(self._pending_arrays(), old, strict=False):
+            new[:n] = prev[:n]
 
     def ensure(self, n_slots: int) -> None:
         if n_slots > self.ring.shape[0]:
@@ -187,7 +189,7 @@ class BaselineTracker:
                     rec[1] -= int((drop & (self.p_step[:n] == s)).sum())
             keep = np.flatnonzero(~drop)
             m = keep.size
-            for arr in (self.p_slot, self.p_pos, self.p_k, self.p_step, self.p_draft):
+            for arr in self._pending_arrays():
                 arr[:m] = arr[keep]
             self.n_pending = m
 
@@ -214,11 +216,7 @@ class BaselineTracker:
         if need > self.p_slot.shape[0]:
             self._alloc_pending(max(need, 2 * self.p_slot.shape[0]))
         self.n_pending = kern.tracker_add(
-            self.p_slot,
-            self.p_pos,
-            self.p_k,
-            self.p_step,
-            self.p_draft,
+            *self._pending_arrays(),
             self.n_pending,
             step,
             np.ascontiguousarray(slots, dtype=np.int64),
@@ -271,11 +269,7 @@ class BaselineTracker:
             self.n_pending, steps, emitted = kern.tracker_resolve(
                 self.ring,
                 self.length,
-                self.p_slot,
-                self.p_pos,
-                self.p_k,
-                self.p_step,
-                self.p_draft,
+                *self._pending_arrays(),
                 self.n_pending,
                 _NO_FINISHED
                 if finished is None
