@@ -43,8 +43,8 @@ resolved as the committed tokens arrive.
 Weak arms cost little: Jacobi drafts need the target's argmax at verified positions, so the controller
 asks the engine for those rows (``Decision.argmax_wanted``) only for the requests that play Jacobi now
 (their iterate goes on), plus a shadow sample of one request-step in ``shadow_every`` that keeps
-scoring it elsewhere (one in ``8 * shadow_every`` until it is played and once it has not been played
-for 256 steps: the rows cost about 0.5 ms of bfloat16 argmax over the vocabulary on 2 CPU cores).
+scoring it elsewhere (one in ``8 * shadow_every`` once it has not been played for 256 steps: the rows
+cost about 0.5 ms of bfloat16 argmax over the vocabulary on 2 CPU cores).
 Jacobi drafts exist only where such rows were recorded.
 """
 
@@ -123,8 +123,8 @@ class AdaptiveController(SpecPolicy):
     probe_every : int >= 1
         Steps in a row on one side of the speculate / do-not-speculate boundary before a cost probe.
     shadow_every : int >= 1
-        A weak proposer (Jacobi) is scored on one request-step in this many while it is played (in 8
-        times as many before it is first played and once it has not been played for 256 steps).
+        A weak proposer (Jacobi) is scored on one request-step in this many (in 8 times as many once it
+        has not been played for 256 steps).
     seed : int >= 0
         Seeds the random draws (Thompson, epsilon-greedy).
 
@@ -210,8 +210,9 @@ class AdaptiveController(SpecPolicy):
         # Per-request slots.
         self._slot: dict[str, int] = {}
         self._free: list[int] = []
-        # The last step on which a request played Jacobi (none yet: shadowed at the low rate).
-        self._jacobi_played_at = -_JACOBI_RECENT - 1
+        # The last step on which a request played Jacobi (at the start it is shadowed at the full
+        # rate: on a model without a prior, Jacobi may be what drafts where nothing else does).
+        self._jacobi_played_at = 0
         self._last_ids: list[str] | None = None  # the last decision's requests and their slots
         self._last_slots = np.zeros(0, dtype=np.int64)
         self._hist_rate = np.zeros((16, P))
