@@ -271,10 +271,16 @@ class AdaptiveController(SpecPolicy):
     def _slots_for(self, req_ids: list[str], positions: np.ndarray) -> np.ndarray:
         if req_ids == self._last_ids:  # the same batch as the last decision: its slots
             out = self._last_slots
-            stale = self.tracker.length[out] != positions
-            for i in np.flatnonzero(stale):  # a step we did not observe: resynchronise it
-                self.tracker.reset_slot(int(out[i]), int(positions[i]))
-            return out
+        else:
+            out = self._assign_slots(req_ids, positions)
+            self._last_ids, self._last_slots = req_ids, out
+        stale = self.tracker.length[out] != positions
+        for i in np.flatnonzero(stale):  # a step we did not observe: resynchronise that request
+            self.tracker.reset_slot(int(out[i]), int(positions[i]))
+        return out
+
+    def _assign_slots(self, req_ids: list[str], positions: np.ndarray) -> np.ndarray:
+        """Each request's slot, a free one (with cleared history) for a request seen first."""
         out = np.empty(len(req_ids), dtype=np.int64)
         slot = self._slot
         for i, rid in enumerate(req_ids):
@@ -295,10 +301,6 @@ class AdaptiveController(SpecPolicy):
                 self.tracker.reset_slot(s, int(positions[i]))
             out[i] = s
         self.tracker.ensure(int(out.max()) + 1 if len(out) else 0)
-        stale = self.tracker.length[out] != positions
-        for i in np.flatnonzero(stale):  # a step we did not observe: resynchronise that request
-            self.tracker.reset_slot(int(out[i]), int(positions[i]))
-        self._last_ids, self._last_slots = req_ids, out
         return out
 
     def release(self, req_id: str) -> None:

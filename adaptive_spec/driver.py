@@ -302,7 +302,7 @@ class StepDriver:
         jacobi = "jacobi" in self.proposers
         all_argmax = (jacobi and wanted is None) or self.record_all_argmax
         for i, (v, arm) in enumerate(zip(views, decision.arms, strict=True)):
-            if type(arm) is not Arm and not isinstance(arm, Arm):
+            if not isinstance(arm, Arm):
                 raise ValueError(f"policy {self.policy.name!r} returned {arm!r}; expected an Arm")
             k = arm.k
             d = v.drafts.get(arm.proposer) if k > 0 else None
