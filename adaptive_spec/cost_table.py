@@ -85,7 +85,11 @@ def make_monotone(
     a running maximum along batch sizes (which keeps each row monotone)."""
     t = np.array(seconds, dtype=float)
     w = np.ones_like(t) if weights is None else np.maximum(np.asarray(weights, dtype=float), 1e-3)
-    for i in range(t.shape[0]) if rows is None else rows:
+    idx = np.arange(t.shape[0]) if rows is None else np.asarray(rows, dtype=np.int64).reshape(-1)
+    # A row that is already non-decreasing is its own projection: only the others are regressed
+    # (a table correction usually leaves most rows monotone; each regression costs ~15 us).
+    bad = idx[(np.diff(t[idx], axis=1) < 0).any(axis=1)] if idx.size else idx
+    for i in bad.tolist():
         t[i] = isotonic_regression(t[i], weights=w[i], increasing=True).x
     return np.maximum.accumulate(t, axis=0)
 
