@@ -123,6 +123,8 @@ class AcceptanceModel:
         self._ncells = P * N_TEMP * N_HIST * N_MATCH
         self._mean: np.ndarray | None = None
         self.n_updates = 0
+        #: Proposers whose counts and prior came from a loaded state (a shipped prior or a saved run).
+        self.loaded: frozenset[str] = frozenset()
 
     # -- indexing ---------------------------------------------------------------------------------
     def cell(self, p: np.ndarray, t: np.ndarray, h: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -236,6 +238,7 @@ class AcceptanceModel:
         for dst, src in new:
             self.acc[dst], self.tri[dst] = acc[src], tri[src]
             self.prior_a[dst], self.prior_b[dst] = pa[src], pb[src]
+        self.loaded = self.loaded | {self.proposers[dst] for dst, _ in new}
         n = state.get("n_updates", 0)
         self.n_updates = int(n) if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else 0
         self._mean = None

@@ -43,8 +43,9 @@ resolved as the committed tokens arrive.
 Weak arms cost little: Jacobi drafts need the target's argmax at verified positions, so the controller
 asks the engine for those rows (``Decision.argmax_wanted``) only for the requests that play Jacobi now
 (their iterate goes on), plus a shadow sample of one request-step in ``shadow_every`` that keeps
-scoring it elsewhere (one in ``8 * shadow_every`` once it has not been played for 256 steps: the rows
-cost about 0.5 ms of bfloat16 argmax over the vocabulary on 2 CPU cores).
+scoring it elsewhere (one in ``8 * shadow_every`` once it has not been played for 256 steps, and from
+the start when a shipped prior or a loaded state already scored it: the rows cost about 0.5 ms of
+bfloat16 argmax over the vocabulary on 2 CPU cores).
 Jacobi drafts exist only where such rows were recorded.
 """
 
@@ -124,7 +125,7 @@ class AdaptiveController(SpecPolicy):
         Steps in a row on one side of the speculate / do-not-speculate boundary before a cost probe.
     shadow_every : int >= 1
         A weak proposer (Jacobi) is scored on one request-step in this many (in 8 times as many once it
-        has not been played for 256 steps).
+        has not been played for 256 steps, or from the start when a loaded prior or state scored it).
     seed : int >= 0
         Seeds the random draws (Thompson, epsilon-greedy).
 
@@ -210,9 +211,8 @@ class AdaptiveController(SpecPolicy):
         # Per-request slots.
         self._slot: dict[str, int] = {}
         self._free: list[int] = []
-        # The last step on which a request played Jacobi (at the start it is shadowed at the full
-        # rate: on a model without a prior, Jacobi may be what drafts where nothing else does).
-        self._jacobi_played_at = 0
+        # The last step on which a request played Jacobi (None: not yet; see _shadow_interval).
+        self._jacobi_played_at: int | None = None
         self._last_ids: list[str] | None = None  # the last decision's requests and their slots
         self._last_slots = np.zeros(0, dtype=np.int64)
         self._hist_rate = np.zeros((16, P))
@@ -275,8 +275,9 @@ class AdaptiveController(SpecPolicy):
             out = self._assign_slots(req_ids, positions)
             self._last_ids, self._last_slots = req_ids, out
         stale = self.tracker.length[out] != positions
-        for i in np.flatnonzero(stale):  # a step we did not observe: resynchronise that request
-            self.tracker.reset_slot(int(out[i]), int(positions[i]))
+        if stale.any():  # a step we did not observe: resynchronise those requests
+            for i in np.flatnonzero(stale).tolist():
+                self.tracker.reset_slot(int(out[i]), int(positions[i]))
         return out
 
     def _assign_slots(self, req_ids: list[str], positions: np.ndarray) -> np.ndarray:
@@ -438,7 +439,7 @@ class AdaptiveController(SpecPolicy):
         if self._jacobi >= 0:
             want = (slots + self.n_steps) % self._shadow_interval() == 0
             plays = (choice_played == self._jacobi) & (ks > 0)
-            if plays.any():
+            if not probe and plays.any():  # a cost probe is no sign that Jacobi pays
                 self._jacobi_played_at = self.n_steps
             argmax_wanted = (want | plays).tolist()
         if self.log_features:
@@ -642,11 +643,16 @@ class AdaptiveController(SpecPolicy):
 
     # -- other verbs --------------------------------------------------------------------------------
     def _shadow_interval(self) -> int:
-        """Request-steps per shadow sample of Jacobi: ``shadow_every``, or 8 times that once Jacobi
-        has not been played for 256 steps (a weak arm costs little)."""
-        if self.n_steps - self._jacobi_played_at <= _JACOBI_RECENT:
-            return self.shadow_every
-        return 8 * self.shadow_every
+        """Request-steps per shadow sample of Jacobi: ``shadow_every`` while Jacobi was played in the
+        last 256 steps, and during the first 256 steps when nothing is known about it (on a model
+        without a prior, Jacobi may be what drafts where nothing else does); else 8 times that (a
+        weak arm costs little: a shipped prior or a loaded state already scored it)."""
+        played = self._jacobi_played_at
+        if played is None:
+            recent = self.n_steps <= _JACOBI_RECENT and "jacobi" not in self.acceptance.loaded
+        else:
+            recent = self.n_steps - played <= _JACOBI_RECENT
+        return self.shadow_every if recent else 8 * self.shadow_every
 
     def jacobi_guess_wanted(self, req_ids: list[str]) -> list[bool]:
         """Jacobi's initial guess on the shadow schedule (one request-step in ``shadow_every``), so

@@ -295,3 +295,40 @@ def test_sampled_requests_are_priced_with_the_sampled_part():
     views = [RequestView(f"r{i}", 5, 100, float(i % 2), {"ngram": np.arange(4)}) for i in range(4)]
     ctrl.decide(StepView(views, 4))
     assert ctrl._pending["sampled"] == 0.5
+
+
+def _shadowed_share(ctrl: AdaptiveController, steps: int = 64, batch: int = 4) -> float:
+    """Share of request-steps whose target argmax rows the controller asks for, with Jacobi never
+    worth playing (its drafts are wrong and the cost table prices every draft token high)."""
+    wanted = 0
+    for t in range(steps):
+        views = [
+            RequestView(f"r{i}", t, 1000, 0.0, {"jacobi": np.array([7, 7, 7])})
+            for i in range(batch)
+        ]
+        dec = ctrl.decide(StepView(views, batch))
+        # Shadow samples only (a cost probe may verify Jacobi's draft and then needs its rows).
+        wanted += sum(w and a.k == 0 for w, a in zip(dec.argmax_wanted, dec.arms, strict=True))
+        ctrl.observe(
+            StepOutcome(
+                [RequestOutcome(f"r{i}", dec.arms[i], 0, 0, [1], False) for i in range(batch)],
+                0.02,
+                batch,
+                0,
+            )
+        )
+    return wanted / (steps * batch)
+
+
+def test_jacobi_shadow_rate_starts_low_when_a_prior_scored_it():
+    """Without anything known about Jacobi it is shadowed at the full rate (one request-step in
+    ``shadow_every``) for the first 256 steps; once a loaded prior or state scored it, at one in
+    ``8 * shadow_every`` from the start (the argmax rows cost about 0.5 ms each)."""
+    vs = np.array([0, 1, 8])
+    table = StepCostTable.from_samples([4, 4, 4], vs, 0.02 + 0.01 * vs)
+    fresh = AdaptiveController(["jacobi"], 4, cost_table=table, shadow_every=4, baseline="none")
+    assert _shadowed_share(fresh) == pytest.approx(1 / 4)
+    informed = AdaptiveController(["jacobi"], 4, cost_table=table, shadow_every=4, baseline="none")
+    informed.acceptance.load_state_dict(fresh.acceptance.state_dict())
+    assert informed.acceptance.loaded == {"jacobi"}
+    assert _shadowed_share(informed) == pytest.approx(1 / 32)
