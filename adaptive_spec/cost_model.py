@@ -208,7 +208,8 @@ class StepCostModel:
             pred0 = float(self.table.predict(batch_size, verified_tokens, sampled=sampled))
             self.table = self.table.scaled(step_time_s / pred0)
             self._reset_cells()
-        pred = self.at(batch_size, verified_tokens, sampled) / self.load
+        v = int(verified_tokens)
+        pred = float(self._base_curve(int(batch_size), v, sampled)[v])  # the table, without load
         if prefill_tokens > 0:
             extra = (step_time_s - self.load * pred) / prefill_tokens
             w = 0.1 if self.n_prefill else 1.0

@@ -16,6 +16,7 @@ from the adapter (vLLM's own drafter for ``draft`` / ``lora:<name>``; logged dra
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -145,6 +146,7 @@ class StepDriver:
         self._prompt_len: dict[str, int] = {}
         self._last: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}  # draft, argmax, accepted
         self._argmax_wanted: dict[str, bool] = {}
+        self._any_argmax = False
         self._decision_info: dict[str, Any] | None = None
         self.faults = 0
         self.last_fault: str | None = None
@@ -204,6 +206,11 @@ class StepDriver:
         buf = self._tokens.get(req_id)
         return buf.view() if buf is not None else EMPTY
 
+    @property
+    def any_argmax_wanted(self) -> bool:
+        """Whether the last decision asked for the target's argmax rows of any request."""
+        return self._any_argmax
+
     def argmax_wanted(self, req_id: str) -> bool:
         """Whether the last decision asked for the target's argmax at this request's verified rows."""
         return self._argmax_wanted.get(req_id, False)
@@ -228,6 +235,7 @@ class StepDriver:
         live = [r for r in live if r.req_id in self._tokens]
         self._chosen.clear()
         self._argmax_wanted.clear()
+        self._any_argmax = False
         if not live:
             return DriverDecision([], [], [], [])
         views = [
@@ -326,12 +334,14 @@ class StepDriver:
             drafts.append(chosen)
             arms.append(arm)
             flags.append(flag)
+        self._any_argmax = any(flags)
         return DriverDecision(req_ids, drafts, arms, flags)
 
     def clear_decision(self) -> None:
         """Forget the last decision (the adapter fell back to the engine's own drafts)."""
         self._chosen.clear()
         self._argmax_wanted.clear()
+        self._any_argmax = False
         self._decision_info = None
 
     # -- observation --------------------------------------------------------------------------------
@@ -357,7 +367,7 @@ class StepDriver:
         outcomes: list[RequestOutcome] = []
         rows: list[dict[str, Any]] = []
         trace = self.tracer is not None
-        valid_time = step_time_s > 0 and np.isfinite(step_time_s)
+        valid_time = step_time_s > 0 and math.isfinite(step_time_s)
         share = step_time_s / batch_size if batch_size and valid_time else 0.0
         for v in verified:
             rid = v.req_id

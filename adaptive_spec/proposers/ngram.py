@@ -116,13 +116,27 @@ class NgramProposer(Proposer):
         self._matched = {}
         if self.backend == "numpy":
             out = []
+            matched = self._matched
+            args = (self.min_n, self.max_n, self.window)
             for r, c in zip(requests, caps, strict=True):
-                if c > 0:
-                    d, n = self._one(r, c, as_int(r.vocab_size))
-                    self._matched[id(r)] = (r, _length(r.token_ids), n)
-                    out.append(d)
-                else:
+                if c <= 0:
                     out.append(EMPTY)
+                    continue
+                toks = r.token_ids
+                if (
+                    type(toks) is np.ndarray
+                    and toks.dtype == np.int64
+                    and toks.ndim == 1
+                    and toks.flags.c_contiguous
+                    and type(r.vocab_size) is int
+                    and 0 <= r.vocab_size <= _INT64_MAX
+                ):  # the step driver's requests: straight to the compiled lookup
+                    d, n = ngram_draft(toks, c, *args, r.vocab_size)
+                    matched[id(r)] = (r, toks.size, n)
+                else:
+                    d, n = self._one(r, c, as_int(r.vocab_size))
+                    matched[id(r)] = (r, _length(toks), n)
+                out.append(d)
             return out
         vocab = [as_int(r.vocab_size) for r in requests]
         raw = self._batched(requests, caps)

@@ -788,6 +788,9 @@ class AdaptiveSpec:
     def _record_argmax(self, metadata: Any, logits: Any) -> None:
         """The target's argmax at the verified positions of the requests whose next drafts need it
         (Jacobi's iterate): only those rows, in the logits' own dtype (argmax is exact in it)."""
+        if not self.driver.any_argmax_wanted:
+            self._argmax = {}
+            return
         req_ids = self.runner.input_batch.req_ids
         num_draft = list(metadata.num_draft_tokens)
         if len(num_draft) != len(req_ids):
