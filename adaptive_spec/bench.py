@@ -40,7 +40,7 @@ from adaptive_spec.benchmarks.plan import (
     tune_table,
 )
 from adaptive_spec.machine import dtype_arg
-from adaptive_spec.run import _positive_int
+from adaptive_spec.run import _nonneg_int, _positive_int
 
 SCHEMA = "adaptive-spec-bench"
 VERSION = 1
@@ -68,6 +68,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", default="runs/bench", help="output directory (default runs/bench)")
     p.add_argument(
         "--repeats", type=_positive_int, default=None, help="interleaved repeats (3; quick 2)"
+    )
+    p.add_argument(
+        "--confirm",
+        type=_nonneg_int,
+        default=None,
+        help="confirmation rounds per cell after the repeats (3; quick 0): only adaptive, the best "
+        "static arm so far and no speculation, back to back, so the goals' paired ratios rest on "
+        "runs seconds apart; 0 turns them off",
     )
     p.add_argument(
         "--prompts", type=_positive_int, default=None, help="prompts per cell (override)"
@@ -313,7 +321,9 @@ def _run_worker(
     return result, info
 
 
-def _engine_spec(args: argparse.Namespace, engine: str, cells: list[dict], repeats: int) -> dict:
+def _engine_spec(
+    args: argparse.Namespace, engine: str, cells: list[dict], repeats: int, confirm: int = 0
+) -> dict:
     return {
         "engine": engine,
         "model": args.model,
@@ -323,6 +333,7 @@ def _engine_spec(args: argparse.Namespace, engine: str, cells: list[dict], repea
         "enforce_eager": bool(args.eager),
         "seed": args.seed,
         "repeats": repeats,
+        "confirm": confirm if engine == "main" else 0,
         "cells": cells,
     }
 
@@ -417,6 +428,7 @@ def main(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/] {e}")
         return 2
     repeats = args.repeats or (2 if mode == "quick" else 3)
+    confirm = args.confirm if args.confirm is not None else (0 if mode == "quick" else 3)
     kept = []
     for c in cells:
         if c.workload == MT_BENCH and not (args.mt_bench and Path(args.mt_bench).is_file()):
@@ -425,14 +437,15 @@ def main(args: argparse.Namespace) -> int:
         kept.append(c)
     cells = kept
     console.print(
-        f"[bold]adaptive-spec bench[/] ({mode}): {len(cells)} cells, {repeats} interleaved repeats, "
+        f"[bold]adaptive-spec bench[/] ({mode}): {len(cells)} cells, {repeats} interleaved repeats "
+        f"+ {confirm} confirmation rounds, "
         f"engines compiled={'no (enforce_eager)' if args.eager else 'yes (torch.compile)'}"
     )
     for c in cells:
         console.print(
             f"  {c.id}: {c.prompts} prompts x {c.max_tokens} tokens: {', '.join(c.configs)}"
         )
-    est = estimate_minutes(cells, repeats, eager=args.eager)
+    est = estimate_minutes(cells, repeats, eager=args.eager, confirm=confirm)
     console.print(
         f"estimated duration on 2 quiet cores: about {est:.0f} min (nominal rates; a loaded machine is slower)"
     )
@@ -488,7 +501,7 @@ def main(args: argparse.Namespace) -> int:
                 "cells": payload,
             }
         else:
-            spec = _engine_spec(args, group.split(":")[0], payload, repeats)
+            spec = _engine_spec(args, group.split(":")[0], payload, repeats, confirm)
             spec["work_dir"] = str(work_dir)
             spec.update(extra)
         result, info = _run_worker(
@@ -563,6 +576,7 @@ def main(args: argparse.Namespace) -> int:
         "total_s": time.perf_counter() - t_start,
         "args": {k: v for k, v in vars(args).items() if k != "func"},
         "repeats": repeats,
+        "confirm": confirm,
         "environment": env_start,
         "load_average_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "draft_model": draft_path,

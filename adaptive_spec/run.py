@@ -51,6 +51,16 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{v} is invalid; allowed: an integer >= 0")
+    return v
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Flags shared by the commands that build an engine."""
     p.add_argument(

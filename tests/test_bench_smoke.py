@@ -64,6 +64,8 @@ def bench_run(tiny_model_dir, tmp_path_factory):
         "8",
         "--repeats",
         "2",
+        "--confirm",
+        "1",
         "--out",
         str(out),
     ]
@@ -104,12 +106,16 @@ def test_json_records_every_figure(bench_run):
         assert "baselines" in cell and "dynamic" in cell["baselines"]
         for name, s in cell["summary"].items():
             assert "error" not in s, (cid, name, s.get("error"))
-            assert s["repeats"] == 2 and s["goodput_tok_s"] > 0
+            # One confirmation round: adaptive, the best static arm and none run once more.
+            trio = name in ("adaptive", "static:ngram:2", "none")
+            assert s["repeats"] == (3 if trio else 2) and s["goodput_tok_s"] > 0, (cid, name)
+            confirm = [r for r in cell["configs"][name]["runs"] if r.get("confirm")]
+            assert [r["repeat"] for r in confirm] == ([2] if trio else []), (cid, name)
             assert s["ratio_to_none"] is not None
             if greedy and name != "hf-greedy":
                 # float32: greedy identity is exact token equality (docs/correctness.md).
                 ident = s["identity"]
-                assert ident["identical"] == ident["total"] == 4, (cid, name, ident)
+                assert ident["identical"] == ident["total"] == 2 * s["repeats"], (cid, name, ident)
                 assert s["valid"]
             if not greedy:
                 assert "identity" not in s and s["valid"]
@@ -136,6 +142,8 @@ def test_goals_section_and_plots(bench_run):
             # Judged in every cell that ran adaptive and a valid static arm.
             assert g["threshold"] == 0.98 and isinstance(g["measured"], float)
             assert g["met"] is (g["measured"] >= 0.98)
+            # Paired run by run: 2 repeats + 1 confirmation round.
+            assert g["pairs"] == 3
         else:
             # No 'mixed' cell and no concurrency-16 cell in this grid: nothing else can be judged.
             assert g["met"] is None

@@ -87,6 +87,37 @@ def test_best_static_skips_invalid_and_adaptive_is_divided_by_it():
     assert s["adaptive"]["acceptance_rate"] == pytest.approx(0.5)
 
 
+def test_confirmation_rounds_pair_run_by_run_and_do_not_choose_the_best_arm():
+    def with_confirm(regular, confirm):
+        rs = runs(regular + confirm)
+        for r in rs[len(regular) :]:
+            r["confirm"] = True
+        return rs
+
+    x = summarize_cell(
+        cell(
+            configs={
+                # The machine is twice as fast in repeat 1 and in the second confirmation round.
+                "none": ("main", with_confirm([100, 200, 100], [100, 200, 100])),
+                "static:ngram:4": ("main", with_confirm([130, 260, 130], [110, 220, 110])),
+                "static:ngram:8": ("main", runs([126, 252, 126])),
+                "adaptive": ("main", with_confirm([130, 260, 117], [110, 220, 99])),
+            }
+        )
+    )
+    # Chosen on the regular repeats (1.30 vs 1.26 x none); over all its runs static:ngram:4 is
+    # 1.20 x none, below static:ngram:8: its own confirmation runs may not change the choice.
+    assert x["best_static"] == "static:ngram:4"
+    s = x["summary"]
+    assert s["static:ngram:4"]["ratio_to_none"] == pytest.approx(1.2)  # median of 6 rounds
+    # adaptive / best static, round by round: 1, 1, 0.9, 1, 1, 0.9 -> median 1.0 (6 pairs).
+    assert s["adaptive"]["ratio_to_best_static"] == pytest.approx(1.0)
+    goals = {g["id"]: g for g in compute_goals([x])}
+    assert goals["C"]["measured"] == pytest.approx(1.0) and goals["C"]["pairs"] == 6
+    # An arm without confirmation runs is paired over the rounds both ran.
+    assert s["static:ngram:8"]["ratio_to_best_static"] == pytest.approx(126 / 130)
+
+
 def test_other_engines_ratio_methods():
     x = summarize_cell(
         cell(

@@ -329,9 +329,12 @@ NOMINAL_HF_TOK_S = 25.0
 NOMINAL_BUILD_S = {"compiled": 90.0, "eager": 20.0}
 
 
-def estimate_minutes(cells: list[Cell], repeats: int, *, eager: bool = False) -> float:
+def estimate_minutes(
+    cells: list[Cell], repeats: int, *, eager: bool = False, confirm: int = 0
+) -> float:
     """A rough duration of a plan on 2 quiet cores, in minutes: every generation pass (timed runs,
-    references, training passes) at the nominal no-speculation rate, plus engine builds."""
+    references, training passes, ``confirm`` rounds of three configurations in cells that run the
+    adaptive controller) at the nominal no-speculation rate, plus engine builds."""
     passes_s = 0.0
     engines = set()
     for c in cells:
@@ -352,6 +355,8 @@ def estimate_minutes(cells: list[Cell], repeats: int, *, eager: bool = False) ->
             if any(parse_config(x).engine == e for x in c.configs)
         )
         passes_s += extra * tokens / rate
+        if "adaptive" in c.configs:
+            passes_s += 3 * confirm * tokens / rate
     build = NOMINAL_BUILD_S["eager" if eager else "compiled"]
     builds = sum(build if e != "hf" else 15.0 for e in engines)
     return (passes_s + builds) / 60.0

@@ -129,10 +129,12 @@ def print_tables(console: Any, cells: list[dict[str, Any]], goals: list[dict[str
     for col in ("goal", "what", "cell", "measured", "target", "met"):
         gt.add_column(col, justify="right" if col in ("measured", "target") else "left")
     for g in goals:
-        pct = g["id"] == "4"
+        pct = g["id"] == "D"
         measured = (_fmt(g["measured"], ".1%") if pct else _fmt(g["measured"], ".3f", "x")) + (
             f" ({g['note']})" if g.get("note") else ""
         )
+        if g.get("pairs"):
+            measured += f" ({g['pairs']} pairs)"
         target = f"{g['comparison']} " + (
             f"{g['threshold']:.0%}" if pct else f"{g['threshold']:.2f}x"
         )
@@ -164,9 +166,11 @@ def print_tables(console: Any, cells: list[dict[str, Any]], goals: list[dict[str
             first = False
         t.add_section()
     t.caption = (
-        "* best static arm of the cell. Ratios are medians of per-repeat ratios to no speculation in the "
-        "same engine (vLLM's table: its own engine; draft engine and HF: unpaired, see the JSON's "
-        "ratio_method). Accepted length: tokens committed per request-step. Identity: identical/total "
+        "* best static arm of the cell (chosen on the regular repeats). 'x no spec': median of "
+        "per-repeat ratios to no speculation in the same engine (vLLM's table: its own engine; draft "
+        "engine and HF: unpaired, see the JSON's ratio_method). 'x best static' of a main-engine "
+        "configuration: median of its per-round goodput ratios to that arm, confirmation rounds "
+        "included. Accepted length: tokens committed per request-step. Identity: identical/total "
         "(+ near-ties) vs the no-speculation reference."
     )
     console.print(t)
@@ -186,7 +190,9 @@ def markdown(data: dict[str, Any]) -> str:
             if git.get("modified_tracked_files")
             else ""
         )
-        + f", mode {data.get('mode')}, {data.get('repeats')} repeats, {data.get('total_s', 0) / 60:.0f} min; "
+        + f", mode {data.get('mode')}, {data.get('repeats')} repeats"
+        + (f" + {data['confirm']} confirmation rounds" if data.get("confirm") else "")
+        + f", {data.get('total_s', 0) / 60:.0f} min; "
         f"{env.get('cpu_model', '?')}, {env.get('cpus_available', '?')} CPUs, load average at start "
         f"{', '.join(f'{x:.2f}' for x in env.get('load_average') or [])}.",
         "",
@@ -194,10 +200,12 @@ def markdown(data: dict[str, Any]) -> str:
         "|---|---|---|---:|---:|---|",
     ]
     for g in data.get("goals", []):
-        pct = g["id"] == "4"
+        pct = g["id"] == "D"
         measured = _fmt(g["measured"], ".1%") if pct else _fmt(g["measured"], ".3f", "x")
         if g.get("note"):
             measured += f" ({g['note']})"
+        if g.get("pairs"):
+            measured += f" ({g['pairs']} pairs)"
         target = f"{g['comparison']} " + (
             f"{g['threshold']:.0%}" if pct else f"{g['threshold']:.2f}x"
         )

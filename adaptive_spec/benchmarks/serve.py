@@ -42,22 +42,12 @@ from adaptive_spec.benchmarks.serve_plan import (
 )
 from adaptive_spec.benchmarks.serve_runner import FULL, QUICK, Plan, Runner, csv_list
 from adaptive_spec.machine import dtype_arg
-from adaptive_spec.run import _positive_int
+from adaptive_spec.run import _nonneg_int, _positive_int
 
 SCHEMA = "adaptive-spec-bench-serve"
 VERSION = 1
 JSON_NAME = "bench_serve.json"
 PLOT_NAME = "tpot_vs_rate.png"
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{v} is invalid; allowed: an integer >= 0")
-    return v
 
 
 def _positive_float(text: str) -> float:

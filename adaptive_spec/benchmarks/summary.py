@@ -14,8 +14,12 @@ Ratios (the machine drifts between repeats, ``docs/benchmarks.md``, so ratios ar
   ``ratio_to_nospec``, its ``ratio_to_none`` over that;
 * HF greedy is unpaired against vLLM's no speculation; HF prompt lookup is paired with HF greedy and
   multiplied by that (``paired-to-hf-greedy``);
-* a ratio between two configurations is the quotient of their ``ratio_to_none``;
-  ``ratio_to_best_static`` divides by the static arm with the highest ``ratio_to_none`` among valid ones.
+* a ratio between two main-engine configurations (``ratio_to_best_static``, the goals) is paired run
+  by run: the median over the rounds both ran of their goodput quotient in that round (rounds include
+  the confirmation rounds, in which only ``adaptive``, the best static arm and ``none`` run, back to
+  back); between other configurations it is the quotient of their ``ratio_to_none``;
+* the best static arm is the static arm with the highest ``ratio_to_none`` over the regular repeats
+  (:func:`best_static_arm`), among valid ones.
 
 A greedy run is **invalid** when :func:`adaptive_spec.identity.compare_greedy` finds a violation (a
 divergence from the no-speculation reference with a clear top-2 margin); a configuration is valid when all
@@ -50,6 +54,36 @@ def _by_repeat(runs: list[dict[str, Any]]) -> dict[int, float]:
 def _paired(runs: list[dict[str, Any]], base: list[dict[str, Any]]) -> float | None:
     b = _by_repeat(base)
     return _median([r["goodput_tok_s"] / b[r["repeat"]] for r in runs if b.get(r["repeat"])])
+
+
+def _regular(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs of the regular repeats (not of the confirmation rounds)."""
+    return [r for r in runs if not r.get("confirm")]
+
+
+def best_static_arm(
+    configs: dict[str, dict[str, Any]], other_ratios: dict[str, float] | None = None
+) -> str | None:
+    """The static arm with the highest ratio to no speculation over the **regular** repeats (the
+    confirmation rounds then re-measure it, so its selection does not bias its own ratio).
+
+    ``configs``: name -> ``{"engine", "runs"}`` (a configuration with ``error`` or an invalid run is
+    skipped); main-engine arms are scored by their paired ratio to ``none``, and ``other_ratios`` gives
+    the ratios of static arms in other engines (the draft engine's, unpaired). None without any."""
+    none = _regular(configs.get("none", {}).get("runs", []))
+    scores = dict(other_ratios or {})
+    for name, entry in configs.items():
+        runs = entry.get("runs", [])
+        if (
+            parse_config(name).kind == "static"
+            and entry.get("engine", "main") == "main"
+            and "error" not in entry
+            and runs
+            and all(r.get("valid", True) for r in runs)
+        ):
+            scores[name] = _paired(_regular(runs), none)
+    scores = {n: v for n, v in scores.items() if v is not None}
+    return max(scores, key=lambda n: scores[n]) if scores else None
 
 
 def summarize_config(
@@ -129,17 +163,21 @@ def summarize_cell(cell: dict[str, Any]) -> dict[str, Any]:
         name: summarize_config(name, entry, cell, none_median)
         for name, entry in cell["configs"].items()
     }
-    statics = {
-        n: s
+    other = {
+        n: s["ratio_to_none"]
         for n, s in summary.items()
-        if s["kind"] == "static" and s["valid"] and s["ratio_to_none"] is not None
+        if s["kind"] == "static"
+        and s["engine"] != "main"
+        and s["valid"]
+        and s["ratio_to_none"] is not None
     }
-    best = max(statics, key=lambda n: statics[n]["ratio_to_none"]) if statics else None
+    best = best_static_arm(cell["configs"], other)
     cell["best_static"] = best
+    cell["summary"] = summary
     nospec = summary.get("nospec", {}).get("ratio_to_none")
-    for s in summary.values():
+    for name, s in summary.items():
         s["ratio_to_best_static"] = (
-            s["ratio_to_none"] / statics[best]["ratio_to_none"]
+            _ratio(cell, name, best)[0]
             if best is not None and s["ratio_to_none"] is not None
             else None
         )
@@ -147,7 +185,6 @@ def summarize_cell(cell: dict[str, Any]) -> dict[str, Any]:
         s["ratio_to_nospec"] = (
             s["ratio_to_none"] / nospec if nospec and s["ratio_to_none"] is not None else None
         )
-    cell["summary"] = summary
     return cell
 
 
@@ -158,8 +195,28 @@ def _find(cells: list[dict[str, Any]], label: str, c: int, t: float) -> dict[str
     return None
 
 
+def _ratio(cell: dict[str, Any], a: str, b: str) -> tuple[float | None, int]:
+    """Goodput of configuration a over b and the number of paired runs behind it: two main-engine
+    configurations are paired run by run (the median over the repeats and confirmation rounds both
+    ran of a's goodput over b's in the same round); otherwise the quotient of their ratios to no
+    speculation (0 pairs)."""
+    s = cell["summary"]
+    if a == b:
+        return 1.0, 0
+    if s[a]["engine"] == "main" and s[b]["engine"] == "main":
+        ra = cell["configs"][a].get("runs", [])
+        rb = _by_repeat(cell["configs"][b].get("runs", []))
+        pairs = [r["goodput_tok_s"] / rb[r["repeat"]] for r in ra if rb.get(r["repeat"])]
+        if pairs:
+            return float(statistics.median(pairs)), len(pairs)
+    if s[a]["ratio_to_none"] is None or not s[b]["ratio_to_none"]:
+        return None, 0
+    return s[a]["ratio_to_none"] / s[b]["ratio_to_none"], 0
+
+
 def _vs(cell: dict[str, Any] | None, a: str, b: str) -> tuple[float | None, str | None]:
-    """Ratio of configuration a to b in a cell, and why it is missing (None when present)."""
+    """Ratio of configuration a to b in a cell (:func:`_ratio`), and why it is missing (None when
+    present)."""
     if cell is None:
         return None, "cell not run"
     s = cell["summary"]
@@ -168,7 +225,7 @@ def _vs(cell: dict[str, Any] | None, a: str, b: str) -> tuple[float | None, str 
             return None, f"{n} not run"
         if not s[n]["valid"]:
             return None, f"{n} invalid"
-    return s[a]["ratio_to_none"] / s[b]["ratio_to_none"], None
+    return _ratio(cell, a, b)[0], None
 
 
 def _goal(gid: str, description: str, cell_id: str | None, measured, missing, *, at_most=False):
@@ -212,6 +269,8 @@ def compute_goals(cells: list[dict[str, Any]], adaptive: str = "adaptive") -> li
         goals.append(
             _goal(f"A:{cell['id']}", f"adaptive / best static arm ({best})", cell["id"], m, why)
         )
+        if m is not None:
+            goals[-1]["pairs"] = _ratio(cell, adaptive, best)[1]
     g3 = _find(cells, "mixed", 16, 1.0)
     ref = "nospec" if g3 is not None and "nospec" in g3.get("summary", {}) else "none"
     m, why = _vs(g3, adaptive, ref)
@@ -236,6 +295,8 @@ def compute_goals(cells: list[dict[str, Any]], adaptive: str = "adaptive") -> li
             why,
         )
     )
+    if m is not None:
+        goals[-1]["pairs"] = _ratio(g1, adaptive, best)[1]
     overheads = [
         (c["id"], c["summary"][adaptive]["controller_overhead"])
         for c in cells

@@ -12,7 +12,11 @@ set through vLLM's own admission limit (``max_num_active_seqs``, the scheduler's
    prompts of the same workload saves the policy state (and gives the arm-mix-over-time plot);
 3. ``repeats`` rounds; in each, every configuration generates for all the cell's prompts once, in an
    order rotated by one each round. Each run reports wall time, output tokens, goodput, mean accepted
-   length, acceptance rate, controller overhead and greedy identity.
+   length, acceptance rate, controller overhead and greedy identity;
+4. ``confirm`` confirmation rounds (main engine): only ``adaptive``, the best static arm of the rounds
+   so far and ``none``, back to back in a rotated order, so that the goals' ratios are paired over runs
+   seconds apart (this machine's speed drifts by 10-25 % over minutes). Their runs carry
+   ``"confirm": true``.
 
 Configurations that attach :class:`~adaptive_spec.vllm.AdaptiveSpec` get only the proposers they use, so a
 static n-gram arm does not pay for Jacobi drafting; ``vllm-ngram`` and ``vllm-dynamic`` run the engine with
@@ -27,9 +31,9 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from adaptive_spec.benchmarks.plan import parse_config
 
@@ -433,6 +437,9 @@ def run_vllm_group(spec: dict[str, Any], out_path: str | Path | None = None) -> 
     repeats = int(spec["repeats"])
     if repeats < 1:
         raise ValueError(f"repeats={repeats!r} is invalid; allowed: an integer >= 1")
+    confirm = int(spec.get("confirm", 0))
+    if confirm < 0:
+        raise ValueError(f"confirm={confirm!r} is invalid; allowed: an integer >= 0")
     max_seqs = int(spec["max_num_seqs"])
     for c in spec["cells"]:
         if int(c["concurrency"]) > max_seqs:
@@ -482,36 +489,80 @@ def run_vllm_group(spec: dict[str, Any], out_path: str | Path | None = None) -> 
         configs = list(cell_spec["configs"])
         for name in configs:
             res["configs"][name] = {"engine": engine, "runs": []}
+
+        rnd = _Round(
+            llm, cell, res, engine, max_k, work_dir, spec.get("lora_adapters"), repeats, log
+        )
         for r in range(repeats):
             order = configs[r % len(configs) :] + configs[: r % len(configs)]
-            for name in order:
-                entry = res["configs"][name]
-                if "error" in entry:
-                    continue
-                try:
-                    run = _run_config(
-                        llm, cell, name, engine, max_k, r, work_dir, spec.get("lora_adapters")
-                    )
-                except Exception as e:
-                    entry["error"] = f"{type(e).__name__}: {e}"
-                    log(f"{cell.id} {name}: failed: {entry['error']}")
-                    continue
-                entry["runs"].append(run)
-                ovh = run["controller_overhead"]
-                mal = run["mean_accepted_length"]
-                log(
-                    f"{cell.id} repeat {r + 1}/{repeats} {name}: {run['goodput_tok_s']:.1f} tokens/s "
-                    f"({run['wall_s']:.1f} s)"
-                    + (f", accepted length {mal:.2f}" if mal is not None else "")
-                    + (f", overhead {100 * ovh:.1f}%" if ovh is not None else "")
-                    + ("" if run["valid"] else "  INVALID: greedy identity violated")
-                )
+            _run_round(rnd, r, order, f"repeat {r + 1}/{repeats}")
+        trio = confirm_configs(res["configs"]) if confirm else []
+        if trio:
+            res["confirm"] = {"configs": trio, "rounds": confirm}
+            for i in range(confirm):
+                order = trio[i % len(trio) :] + trio[: i % len(trio)]
+                _run_round(rnd, repeats + i, order, f"confirmation {i + 1}/{confirm}")
         if out_path is not None:
             _write_json(out_path, result)
     sched.max_num_active_reqs = sched.max_num_running_reqs
     if out_path is not None:
         _write_json(out_path, result)
     return result
+
+
+class _Round(NamedTuple):
+    """What one round of a cell's runs needs."""
+
+    llm: Any
+    cell: _Cell
+    res: dict[str, Any]
+    engine: str
+    max_k: int
+    work_dir: Path
+    lora_adapters: dict[str, str] | None
+    repeats: int
+    log: Callable[[str], None]
+
+
+def _run_round(rd: _Round, r: int, order: list[str], label: str) -> None:
+    """Run the configurations of ``order`` once each (round ``r``; ``r >= repeats``: a confirmation
+    round, its runs marked ``confirm``), appending each run or the configuration's error."""
+    for name in order:
+        entry = rd.res["configs"][name]
+        if "error" in entry:
+            continue
+        try:
+            run = _run_config(
+                rd.llm, rd.cell, name, rd.engine, rd.max_k, r, rd.work_dir, rd.lora_adapters
+            )
+        except Exception as e:
+            entry["error"] = f"{type(e).__name__}: {e}"
+            rd.log(f"{rd.cell.id} {name}: failed: {entry['error']}")
+            continue
+        if r >= rd.repeats:
+            run["confirm"] = True
+        entry["runs"].append(run)
+        ovh = run["controller_overhead"]
+        mal = run["mean_accepted_length"]
+        rd.log(
+            f"{rd.cell.id} {label} {name}: {run['goodput_tok_s']:.1f} tokens/s "
+            f"({run['wall_s']:.1f} s)"
+            + (f", accepted length {mal:.2f}" if mal is not None else "")
+            + (f", overhead {100 * ovh:.1f}%" if ovh is not None else "")
+            + ("" if run["valid"] else "  INVALID: greedy identity violated")
+        )
+
+
+def confirm_configs(configs: dict[str, dict[str, Any]]) -> list[str]:
+    """The configurations of a cell's confirmation rounds: ``adaptive``, the best static arm of the
+    repeats so far (:func:`adaptive_spec.benchmarks.summary.best_static_arm`) and ``none``, the
+    three that goals A and C compare; empty when the cell lacks one of them (or it failed)."""
+    from adaptive_spec.benchmarks.summary import best_static_arm
+
+    ok = {n: e for n, e in configs.items() if "error" not in e and e.get("runs")}
+    best = best_static_arm(ok)
+    trio = ["adaptive", best, "none"]
+    return trio if best is not None and all(n in ok for n in trio) else []
 
 
 def _write_json(path: str | Path, data: dict[str, Any]) -> None:
