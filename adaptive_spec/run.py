@@ -41,24 +41,22 @@ def _temperature(text: str) -> float:
     return v
 
 
-def _positive_int(text: str) -> int:
+def _int_at_least(text: str, low: int) -> int:
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} is invalid; allowed: an integer >= 1")
+    if v < low:
+        raise argparse.ArgumentTypeError(f"{v} is invalid; allowed: an integer >= {low}")
     return v
+
+
+def _positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
 
 
 def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{v} is invalid; allowed: an integer >= 0")
-    return v
+    return _int_at_least(text, 0)
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
