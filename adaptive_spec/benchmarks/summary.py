@@ -51,9 +51,14 @@ def _by_repeat(runs: list[dict[str, Any]]) -> dict[int, float]:
     return {r["repeat"]: r["goodput_tok_s"] for r in runs}
 
 
-def _paired(runs: list[dict[str, Any]], base: list[dict[str, Any]]) -> float | None:
+def _pairs(runs: list[dict[str, Any]], base: list[dict[str, Any]]) -> list[float]:
+    """Goodput quotients of ``runs`` over ``base``, round by round (the rounds both ran)."""
     b = _by_repeat(base)
-    return _median([r["goodput_tok_s"] / b[r["repeat"]] for r in runs if b.get(r["repeat"])])
+    return [r["goodput_tok_s"] / b[r["repeat"]] for r in runs if b.get(r["repeat"])]
+
+
+def _paired(runs: list[dict[str, Any]], base: list[dict[str, Any]]) -> float | None:
+    return _median(_pairs(runs, base))
 
 
 def _regular(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -204,9 +209,7 @@ def _ratio(cell: dict[str, Any], a: str, b: str) -> tuple[float | None, int]:
     if a == b:
         return 1.0, 0
     if s[a]["engine"] == "main" and s[b]["engine"] == "main":
-        ra = cell["configs"][a].get("runs", [])
-        rb = _by_repeat(cell["configs"][b].get("runs", []))
-        pairs = [r["goodput_tok_s"] / rb[r["repeat"]] for r in ra if rb.get(r["repeat"])]
+        pairs = _pairs(cell["configs"][a].get("runs", []), cell["configs"][b].get("runs", []))
         if pairs:
             return float(statistics.median(pairs)), len(pairs)
     if s[a]["ratio_to_none"] is None or not s[b]["ratio_to_none"]:

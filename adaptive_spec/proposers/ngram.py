@@ -34,6 +34,16 @@ def _length(token_ids: object) -> int:
     )
 
 
+def _lookup_ready(toks: object) -> bool:
+    """Whether a history is what the compiled lookup takes as is: a 1-D C-contiguous int64 array."""
+    return (
+        type(toks) is np.ndarray
+        and toks.ndim == 1
+        and toks.dtype == np.int64
+        and toks.flags.c_contiguous
+    )
+
+
 class NgramProposer(Proposer):
     """Prompt-lookup proposer (Saxena 2023; vLLM's ``ngram`` method), stateless.
 
@@ -99,12 +109,7 @@ class NgramProposer(Proposer):
 
     def _one(self, request: ProposalRequest, cap: int, vocab: int) -> tuple[np.ndarray, int]:
         toks = request.token_ids
-        if not (
-            type(toks) is np.ndarray
-            and toks.ndim == 1
-            and toks.dtype == np.int64
-            and toks.flags.c_contiguous
-        ):
+        if not _lookup_ready(toks):
             toks = np.ascontiguousarray(as_tokens(toks))
         vocab = min(max(vocab, 0), _INT64_MAX)
         return ngram_draft(toks, cap, self.min_n, self.max_n, self.window, vocab)
@@ -124,10 +129,7 @@ class NgramProposer(Proposer):
                     continue
                 toks = r.token_ids
                 if (
-                    type(toks) is np.ndarray
-                    and toks.dtype == np.int64
-                    and toks.ndim == 1
-                    and toks.flags.c_contiguous
+                    _lookup_ready(toks)
                     and type(r.vocab_size) is int
                     and 0 <= r.vocab_size <= _INT64_MAX
                 ):  # the step driver's requests: straight to the compiled lookup
