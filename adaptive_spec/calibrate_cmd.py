@@ -42,6 +42,13 @@ def add_parser(sub: Any) -> None:
         help="measurements per (batch size, draft tokens) cell (default 5)",
     )
     p.add_argument(
+        "--prompt-len",
+        type=_positive_int,
+        default=None,
+        help="dummy prompt tokens per calibration request (default 192, near the median context "
+        "of a decode step on the mixed workload; a draft token's price grows with the context)",
+    )
+    p.add_argument(
         "--prior", action="store_true", help="also learn an acceptance prior on held-out prompts"
     )
     p.add_argument(
@@ -103,7 +110,7 @@ def main(args: argparse.Namespace) -> int:
         llm, proposers, policy="adaptive", policy_state=None, calibrate=False, prior=False
     )
     try:
-        table = spec.calibrate(repeats=args.repeats)
+        table = spec.calibrate(repeats=args.repeats, prompt_len=args.prompt_len)
     finally:
         spec.detach()
     calib_s = time.perf_counter() - t0

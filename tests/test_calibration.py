@@ -182,3 +182,39 @@ def test_a_policy_without_acceptance_counts_gets_no_prior():
     peer = SmartSpecPolicy(["ngram"], 8, proposer="ngram")
     assert apply_prior(peer, key) is False
     assert apply_prior(AdaptiveController(["ngram", "jacobi"], 8), key) is True
+
+
+def test_calibration_prompts_default_to_a_realistic_context_within_max_model_len(
+    tiny_llm, tmp_path, monkeypatch
+):
+    """A draft token's verification attends over the context, so the dummy prompts default to
+    ``DEFAULT_PROMPT_LEN`` tokens (not a few): shortened only where ``max_model_len`` leaves no room
+    for them and the planned steps; an explicit length is used as given."""
+    from adaptive_spec.vllm import AdaptiveSpec
+    from adaptive_spec.vllm import calibrate as cal_mod
+
+    monkeypatch.setenv("ADAPTIVE_SPEC_CACHE", str(tmp_path))
+    seen: list[int] = []
+    real = cal_mod._measure_batch
+
+    def spy(core, sched, cal, rng, spec, B, repeats, prompt_len, temperature):
+        seen.append(prompt_len)
+        return real(core, sched, cal, rng, spec, B, repeats, prompt_len, temperature)
+
+    monkeypatch.setattr(cal_mod, "_measure_batch", spy)
+    spec = AdaptiveSpec(
+        tiny_llm, ["none", "ngram"], policy="none", policy_state=None, calibrate=False
+    )
+    try:
+        spec.calibrate(batch_sizes=[2], repeats=1, sampled=False)
+        spec.calibrate(batch_sizes=[2], repeats=1, sampled=False, prompt_len=7)
+        full = spec.max_model_len
+        spec.max_model_len = 150  # as an engine with a short max_model_len would have it
+        spec.calibrate(batch_sizes=[2], repeats=1, sampled=False)
+        spec.max_model_len = full
+        with pytest.raises(ValueError, match="prompt_len=0 is invalid"):
+            spec.calibrate(batch_sizes=[2], repeats=1, prompt_len=0)
+    finally:
+        spec.detach()
+    steps = len(cal_mod.plan_tokens(2, spec.max_k)) + 3
+    assert seen == [cal_mod.DEFAULT_PROMPT_LEN, 7, 150 - steps - spec.max_k - 1]

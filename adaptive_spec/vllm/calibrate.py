@@ -1,7 +1,8 @@
 """Measuring an engine's step-cost table with dummy steps, when the controller attaches.
 
 :func:`calibrate` (called by :meth:`AdaptiveSpec.calibrate <adaptive_spec.vllm.attach.AdaptiveSpec.calibrate>`)
-feeds the engine core batches of dummy requests (random prompt tokens, ``ignore_eos``) and, at every
+feeds the engine core batches of dummy requests (random prompts of :data:`DEFAULT_PROMPT_LEN` tokens,
+``ignore_eos``) and, at every
 decode step, makes them verify a planned number of draft tokens: junk drafts, which the target rejects,
 so each step commits one token per request and the plan stays on schedule. For each batch size ``B``
 of the plan the draft tokens per step cycle through ``V = 0, 1, 2, 4, 8, ...`` up to ``B * max_k``,
@@ -34,6 +35,11 @@ from adaptive_spec.cost_table import StepCostTable
 logger = logging.getLogger(__name__)
 
 CALIBRATION_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+#: Dummy prompt length (tokens). A draft token's verification attends over the whole context, so its
+#: price grows with it (at batch 4 on 2 CPU cores: about 1.0 ms per draft token at 32 tokens of
+#: context, 1.5 ms at 640); 192 is near the median context of a decode step on the built-in mixed
+#: workload (prompts of 47-865 tokens, median 137, plus the tokens generated so far).
+DEFAULT_PROMPT_LEN = 192
 
 
 def plan_tokens(batch_size: int, max_k: int) -> list[int]:
@@ -118,7 +124,7 @@ def calibrate(
     *,
     batch_sizes: list[int] | None = None,
     repeats: int = 5,
-    prompt_len: int = 32,
+    prompt_len: int | None = None,
     seed: int = 0,
     key: dict[str, Any] | None = None,
     sampled: bool = True,
@@ -133,8 +139,9 @@ def calibrate(
         Default :func:`plan_batches` of the engine's ``max_num_seqs``.
     repeats : int >= 1
         Measurements per (B, V) cell.
-    prompt_len : int >= 1
-        Dummy prompt length (tokens).
+    prompt_len : int >= 1, optional
+        Dummy prompt length (tokens). Default :data:`DEFAULT_PROMPT_LEN`, shortened where the
+        engine's ``max_model_len`` leaves no room for it and the planned steps.
     sampled : bool
         Also measure the table's sampled part (every batch size again at temperature 1; about
         doubles the time). Without it, the greedy table stands in for sampled steps.
@@ -148,7 +155,9 @@ def calibrate(
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r} is invalid; allowed: an integer >= 1")
-    if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
+    if prompt_len is not None and (
+        isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1
+    ):
         raise ValueError(f"prompt_len={prompt_len!r} is invalid; allowed: an integer >= 1")
     core = spec.core
     sched = core.scheduler
@@ -165,6 +174,11 @@ def calibrate(
         raise ValueError(
             f"batch_sizes={batch_sizes!r} is invalid; allowed: integers in 1..{max_seqs}"
         )
+    if prompt_len is None:
+        # Room for the prompt, every planned step's token and one step's draft tokens.
+        steps = repeats * max(len(plan_tokens(b, spec.max_k)) for b in batch_sizes) + 3
+        room = int(getattr(spec, "max_model_len", 1 << 30)) - steps - spec.max_k - 1
+        prompt_len = max(1, min(DEFAULT_PROMPT_LEN, room))
     rng = np.random.default_rng(seed)
     cal = Calibration(spec.max_k, spec.vocab_size)
     t0 = time.perf_counter()
