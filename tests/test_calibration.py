@@ -216,5 +216,5 @@ def test_calibration_prompts_default_to_a_realistic_context_within_max_model_len
             spec.calibrate(batch_sizes=[2], repeats=1, prompt_len=0)
     finally:
         spec.detach()
-    steps = len(cal_mod.plan_tokens(2, spec.max_k)) + 3
+    steps = cal_mod.plan_steps(2, spec.max_k, 1)
     assert seen == [cal_mod.DEFAULT_PROMPT_LEN, 7, 150 - steps - spec.max_k - 1]

@@ -2,9 +2,9 @@
 
 :func:`calibrate` (called by :meth:`AdaptiveSpec.calibrate <adaptive_spec.vllm.attach.AdaptiveSpec.calibrate>`)
 feeds the engine core batches of dummy requests (random prompts of :data:`DEFAULT_PROMPT_LEN` tokens,
-``ignore_eos``) and, at every
-decode step, makes them verify a planned number of draft tokens: junk drafts, which the target rejects,
-so each step commits one token per request and the plan stays on schedule. For each batch size ``B``
+``ignore_eos``) and, at every decode step, makes them verify a planned number of draft tokens: junk
+drafts, which the target rejects, so each step commits one token per request and the plan stays on
+schedule. For each batch size ``B``
 of the plan the draft tokens per step cycle through ``V = 0, 1, 2, 4, 8, ...`` up to ``B * max_k``,
 ``repeats`` times, interleaved (so a drift in machine speed spreads over every ``V``); each step is
 timed exactly as in normal operation (from one ``update_from_output`` to the next), and the table is
@@ -15,8 +15,8 @@ vocabulary). The requests are then aborted and the engine is exactly as before; 
 the controller from them.
 
 This is the approach of vLLM's DSpark adaptive verification (profiled tables at startup, forced
-monotone). On the embedded default (2 CPU cores) it takes about 50 s (100 s with 10 repeats); skip it with
-``AdaptiveSpec(calibrate=False)`` or give a table (``cost_table=``).
+monotone). On the embedded default (2 CPU cores, concurrency 16, 30 repeats) it took about 2 min; skip
+it with ``AdaptiveSpec(calibrate=False)`` or give a table (``cost_table=``).
 """
 
 from __future__ import annotations
@@ -53,6 +53,12 @@ def plan_tokens(batch_size: int, max_k: int) -> list[int]:
         v *= 2
     vs.append(top)
     return vs
+
+
+def plan_steps(batch_size: int, max_k: int, repeats: int) -> int:
+    """Engine steps a batch of ``batch_size`` dummy requests is given: ``repeats`` times
+    :func:`plan_tokens`, and 3 more (prefill and slack)."""
+    return repeats * len(plan_tokens(batch_size, max_k)) + 3
 
 
 def plan_batches(max_num_seqs: int, limit: int = 64) -> list[int]:
@@ -176,7 +182,7 @@ def calibrate(
         )
     if prompt_len is None:
         # Room for the prompt, every planned step's token and one step's draft tokens.
-        steps = repeats * max(len(plan_tokens(b, spec.max_k)) for b in batch_sizes) + 3
+        steps = max(plan_steps(b, spec.max_k, repeats) for b in batch_sizes)
         room = int(getattr(spec, "max_model_len", 1 << 30)) - steps - spec.max_k - 1
         prompt_len = max(1, min(DEFAULT_PROMPT_LEN, room))
     rng = np.random.default_rng(seed)
@@ -244,7 +250,7 @@ def _measure_batch(
     cal.plan = [v for _ in range(repeats) for v in vs]
     cal.step = 0
     cal.batch_size = B
-    steps = len(cal.plan) + 3
+    steps = plan_steps(B, spec.max_k, repeats)
     ids = [f"adaptive-spec-calibration-{uuid.uuid4().hex[:12]}" for _ in range(B)]
     cal.req_ids = set(ids)
     for rid in ids:
