@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from adaptive_spec.run import add_engine_args, build_engine
+from adaptive_spec.run import _positive_int, add_engine_args, build_engine
 from adaptive_spec.vllm import AdaptiveSpec
 from adaptive_spec.vllm import calibrate as cal_mod
 
@@ -75,9 +75,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--batch", type=int, default=4, help="dummy requests decoded together")
-    ap.add_argument("--repeats", type=int, default=40, help="steps per placement (default 40)")
-    ap.add_argument("--prompt-len", type=int, default=32, help="dummy prompt tokens (default 32)")
+    ap.add_argument(
+        "--batch", type=_positive_int, default=4, help="dummy requests decoded together"
+    )
+    ap.add_argument(
+        "--repeats", type=_positive_int, default=40, help="steps per placement (default 40)"
+    )
+    ap.add_argument(
+        "--prompt-len", type=_positive_int, default=32, help="dummy prompt tokens (default 32)"
+    )
     ap.add_argument(
         "--placements",
         default=DEFAULT_PLACEMENTS,
@@ -86,9 +92,6 @@ def main() -> int:
     )
     add_engine_args(ap)
     args = ap.parse_args()
-    for name in ("batch", "repeats", "prompt_len"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: >= 1")
     args.concurrency = max(args.concurrency, args.batch)
     args.draft_model = None
     plans = _placements(args.placements, args.batch)
