@@ -31,6 +31,11 @@ def _check_comparison(res: dict, nospec: bool) -> None:
         ident = c["identity"]
         assert ident["total"] == 4 and ident["violations"] == 0, (name, ident)
         assert c["ratio_to_none"] > 0
+        run = c["runs"][0]
+        assert run["steps"] > 0 and run["mean_step_ms"] > 0, (name, run)
+        assert 0 <= run["accepted"] <= run["drafted"], (name, run)
+        assert 0 <= run["controller_overhead"] < 1, (name, run)
+    assert cmp["configs"]["none"]["runs"][0]["drafted"] == 0
     assert cmp["configs"]["none"]["ratio_to_none"] == 1.0
     if nospec:
         assert cmp["nospec"].get("goodput_tok_s", 0) > 0, cmp["nospec"]
@@ -46,6 +51,9 @@ def test_run_compare_static_real_model(tmp_path: Path, default_model_dir: Path) 
     for cat in ("code", "math", "chat", "summarize"):
         assert cat in text
     assert "engine without speculative decoding" in text
+    # The trace comes from one more adaptive run after the timed rounds (a trace costs time that the
+    # untraced configurations do not pay, so no timed run is traced).
+    assert text.index("traced run: adaptive") > text.rindex("round 1/1")
     summary = json.loads((out / "summary.json").read_text())
     res = summary["results"]
     assert 0 < res["adaptive"]["output_tokens"] <= 4 * 24

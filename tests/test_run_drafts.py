@@ -68,3 +68,22 @@ def test_arm_plot_handles_draft_and_lora_arms(tmp_path):
     ]
     out = plot_arm_choices(steps, tmp_path / "arms.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("none", ["none"]),
+        ("static:ngram:4", ["none", "ngram"]),
+        ("table:ngram:1-2=8,3-8=4", ["none", "ngram"]),
+        ("static:jacobi:2", ["none", "jacobi"]),
+        ("static:draft:2", ["none"]),  # not enabled: nothing to draft with
+        ("adaptive", ["none", "ngram", "jacobi"]),
+    ],
+)
+def test_compare_static_enables_only_the_proposer_a_static_configuration_plays(policy, expected):
+    """In ``--compare-static``, ``none`` and the baseline do not pay for drafting (or argmax rows of)
+    proposers they never play; the adaptive controller keeps every proposer it may choose."""
+    from adaptive_spec.compare_static import static_proposers
+
+    assert static_proposers(policy, ["none", "ngram", "jacobi"]) == expected
