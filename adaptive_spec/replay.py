@@ -52,6 +52,13 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--out", default=None, help="output directory (default: <trace dir>/replay)")
     p.add_argument(
+        "--no-prior",
+        action="store_true",
+        help="start the learning policies from the generic acceptance prior; by default they start "
+        "from the shipped prior of the model the trace names, as the engine does when no saved "
+        "state is loaded",
+    )
+    p.add_argument(
         "--calibration",
         action="store_true",
         help="also replay the adaptive controller recording its predicted acceptance of every judged "
@@ -112,6 +119,7 @@ def main(args: argparse.Namespace) -> int:
             f"[yellow]note[/]: the trace was cut off (line {wl.trace.truncated_at_line}) or has no end line; "
             "replaying its complete steps"
         )
+    prior_key = None if args.no_prior else trace_prior_key(wl.trace)
     try:
         cmp = compare_policies(
             wl.requests,
@@ -121,6 +129,7 @@ def main(args: argparse.Namespace) -> int:
             max_k=wl.max_k,
             max_batch=max_batch,
             seed=args.seed,
+            prior_key=prior_key,
         )
     except ValueError as e:
         console.print(f"[red]error[/]: {e}")
@@ -222,6 +231,13 @@ def main(args: argparse.Namespace) -> int:
     desc = profile.describe()
     fit = desc.get("fit")
     notes = [f"cost profile: {desc['name']} ({desc['source']})"]
+    from adaptive_spec.priors import shipped_prior
+
+    shipped = prior_key is not None and shipped_prior(prior_key) is not None
+    notes.append(
+        "acceptance prior of the learning policies: "
+        + (f"shipped ({prior_key['model']})" if shipped else "generic")
+    )
     if fit:
         notes.append(
             f"fit on {fit['n_steps']} steps: R^2 {fit['r2']:.3f}, relative RMSE {fit['rel_rmse']:.3f}, "
@@ -253,7 +269,7 @@ def main(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     calib = None
     if args.calibration:
-        calib = replay_calibration(wl, profile, max_batch, args.seed)
+        calib = replay_calibration(wl, profile, max_batch, args.seed, prior_key)
         print_calibration(console, calib)
         plot_calibration(calib, out / "calibration.png")
     plots = [plot_regret(cmp.results, cmp.oracle, out / "regret.png", comparator="oracle")]
@@ -263,6 +279,7 @@ def main(args: argparse.Namespace) -> int:
     summary = {
         "trace": str(path),
         "profile": desc,
+        "acceptance_prior": "shipped" if shipped else "generic",
         "max_batch": max_batch,
         "max_k": wl.max_k,
         "recorded_goodput_tok_s": round(wl.recorded_goodput, 3),
@@ -277,7 +294,16 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def replay_calibration(wl: Any, profile: Any, max_batch: int, seed: int = 0) -> dict[str, Any]:
+def trace_prior_key(trace: Any) -> dict[str, Any] | None:
+    """The recorded engine's key (model, dtype) from a trace's header, whose shipped acceptance prior
+    the engine's controller started from; None for a trace without one (a synthetic trace)."""
+    key = (trace.header.get("meta") or {}).get("engine_key")
+    return dict(key) if isinstance(key, dict) and "model" in key and "dtype" in key else None
+
+
+def replay_calibration(
+    wl: Any, profile: Any, max_batch: int, seed: int = 0, prior_key: Any = None
+) -> dict[str, Any]:
     """Replay the adaptive controller over ``wl`` recording its predictions; returns
     :meth:`AdaptiveController.calibration <adaptive_spec.controller.AdaptiveController.calibration>`."""
     from adaptive_spec.sim.policies import build_policy
@@ -292,6 +318,7 @@ def replay_calibration(wl: Any, profile: Any, max_batch: int, seed: int = 0) -> 
         profile=profile,
         max_batch=max_batch,
         seed=seed,
+        prior_key=prior_key,
     )
     pol.record_calibration = True
     replay(wl.requests, pol, profile, max_batch=max_batch, proposers=props)

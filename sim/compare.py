@@ -8,6 +8,7 @@ each policy's regret against (a) the best static arm, (b) the per-request best s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,8 +81,11 @@ def compare_policies(
     max_k: int,
     max_batch: int,
     seed: int = 0,
+    prior_key: Mapping[str, Any] | None = None,
 ) -> Comparison:
     """Replay ``names`` and the comparators over ``requests`` (see the module docstring).
+    ``prior_key``: learning policies start from that model's shipped acceptance prior
+    (:func:`~adaptive_spec.sim.policies.build_policy`).
 
     Raises
     ------
@@ -96,7 +100,14 @@ def compare_policies(
 
     def run(name: str) -> ReplayResult:
         pol = build_policy(
-            name, props, max_k, requests=requests, profile=profile, max_batch=max_batch, seed=seed
+            name,
+            props,
+            max_k,
+            requests=requests,
+            profile=profile,
+            max_batch=max_batch,
+            seed=seed,
+            prior_key=prior_key,
         )
         res = replay(requests, pol, profile, max_batch=max_batch, proposers=props)
         res.policy = name

@@ -1,7 +1,8 @@
 """Policy names the replay accepts: everything :func:`adaptive_spec.policies.make_policy` builds, plus
 the hindsight comparators and the published peers. Policies that price steps (the adaptive controller,
 SmartSpec) get the replay's cost profile as their measured table (:func:`profile_table`), the same
-cost model the oracle plans with.
+cost model the oracle plans with. Given the recorded engine's key, the adaptive controller starts from
+that model's shipped acceptance prior, as it does in the engine.
 
 * ``oracle``: :class:`~adaptive_spec.sim.oracle.OraclePolicy` (needs the workload and cost profile);
 * ``per-request-static``: :class:`~adaptive_spec.sim.oracle.PerRequestStaticPolicy`;
@@ -12,7 +13,11 @@ cost model the oracle plans with.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from adaptive_spec.policies import POLICY_NAMES, make_policy
+from adaptive_spec.priors import apply_prior
 from adaptive_spec.protocol import SpecPolicy
 
 from .cost_profiles import CostProfile, profile_table
@@ -39,8 +44,12 @@ def build_policy(
     profile: CostProfile,
     max_batch: int,
     seed: int = 0,
+    prior_key: Mapping[str, Any] | None = None,
 ) -> SpecPolicy:
-    """Build a policy by name (see the module docstring).
+    """Build a policy by name (see the module docstring). ``prior_key`` (the recorded engine's model
+    and dtype, ``adaptive_spec.machine.engine_key``): a learning policy starts from the shipped
+    acceptance prior of that model, as :class:`~adaptive_spec.vllm.AdaptiveSpec` starts one that loads
+    no saved state (:func:`adaptive_spec.priors.apply_prior`); without it, from the generic prior.
 
     Raises
     ------
@@ -70,10 +79,14 @@ def build_policy(
     if head == "banditspec":
         return BanditSpecPolicy(proposers, max_k, proposer=prop or None)
     try:
-        return make_policy(name, proposers, max_k, seed=seed, cost_table=table)
+        policy = make_policy(name, proposers, max_k, seed=seed, cost_table=table)
     except ValueError as e:
         if "is not known" in str(e):
             raise ValueError(
                 f"policy={name!r} is not known; allowed: {', '.join(SIM_POLICY_NAMES)}"
             ) from None
         raise
+    if prior_key is not None:
+        # A policy without per-position acceptance counts gets none (apply_prior checks).
+        apply_prior(policy, dict(prior_key))
+    return policy

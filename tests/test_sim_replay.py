@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -244,6 +245,8 @@ def test_cli_record_and_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str
         "summary.json",
     ):
         assert (out / f).stat().st_size > 0
+    # A synthetic trace names no engine: the learning policies start from the generic prior.
+    assert json.loads((out / "summary.json").read_text())["acceptance_prior"] == "generic"
     assert cli_main(["replay", str(tmp_path / "missing.jsonl")]) == 2
     assert cli_main(["replay", str(trace), "--policies", "bogus", "--out", str(out)]) == 2
     assert "not known" in capsys.readouterr().out
@@ -265,3 +268,39 @@ def test_regret_curves_end_at_the_final_regret() -> None:
     np.testing.assert_allclose(regret_curve(orc, orc), 0.0, atol=1e-9)
     with pytest.raises(ValueError, match="comparator_goodput"):
         regret(pol, "x", 0.0)
+
+
+EMBEDDED_KEY = {"model": "SmolLM2-135M-Instruct-bfloat16", "dtype": "bfloat16"}
+
+
+def test_replayed_controller_starts_from_the_shipped_prior_like_the_engine(tmp_path: Path) -> None:
+    """Given the recorded engine's key, replay's adaptive controller loads that model's shipped
+    acceptance prior (what AdaptiveSpec does when no saved state is loaded); --no-prior or a trace
+    without a key leaves the generic prior; a non-learning policy is unaffected."""
+    from adaptive_spec.sim.policies import build_policy
+
+    from adaptive_spec.replay import trace_prior_key
+
+    reqs = make_requests(stationary(CODE, 2, 10), 4, seed=2)
+    kw = dict(requests=reqs, profile=PRESETS["cpu-smollm2"], max_batch=1)
+    shipped = build_policy("adaptive", ["ngram", "jacobi"], 8, prior_key=EMBEDDED_KEY, **kw)
+    generic = build_policy("adaptive", ["ngram", "jacobi"], 8, **kw)
+    assert shipped.acceptance.loaded == {"ngram", "jacobi"}
+    assert generic.acceptance.loaded == frozenset()
+    assert not np.allclose(shipped.acceptance.table(), generic.acceptance.table())
+    assert build_policy("static:ngram:2", ["ngram"], 8, prior_key=EMBEDDED_KEY, **kw).name
+    # Through the CLI: the key comes from the trace header's engine metadata.
+    trace = tmp_path / "syn.jsonl"
+    assert cli_main(["record", "--synthetic", "code-chat", "--out", str(trace)]) == 0
+    lines = trace.read_text().splitlines()
+    head = json.loads(lines[0])
+    head.setdefault("meta", {})["engine_key"] = {**EMBEDDED_KEY, "threads": 2}
+    keyed = tmp_path / "keyed.jsonl"
+    keyed.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    assert trace_prior_key(read_trace(keyed)) == {**EMBEDDED_KEY, "threads": 2}
+    assert trace_prior_key(read_trace(trace)) is None
+    for extra, expected in (([], "shipped"), (["--no-prior"], "generic")):
+        out = tmp_path / f"replay-{expected}"
+        argv = ["replay", str(keyed), "--policies", "adaptive", "--out", str(out), *extra]
+        assert cli_main(argv) == 0
+        assert json.loads((out / "summary.json").read_text())["acceptance_prior"] == expected
