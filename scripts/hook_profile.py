@@ -117,7 +117,8 @@ def main() -> int:
             for policy in ("adaptive", args.static):
                 props = every if policy == "adaptive" else static_proposers(policy, every)
                 totals.clear()
-                spec = AdaptiveSpec(llm, props, policy=policy)
+                # No saved state is loaded or written (each adaptive run starts from the shipped prior).
+                spec = AdaptiveSpec(llm, props, policy=policy, policy_state=None)
                 try:
                     llm.generate(batch, params, use_tqdm=False)
                 finally:
