@@ -7,11 +7,11 @@ runs, in an order rotated by one per round:
 * ``none``: speculation off in the same engine (every request k = 0);
 * the controller's **baseline** (its safety rule's comparator; default the shipped n-gram batch-size
   table) as a static policy;
+* the **adaptive** controller (each round starts from the same learned state, so rounds do not train
+  each other; the last round's state is saved).
 
 ``none`` and the baseline enable only the proposer they play (:func:`static_proposers`), as an operator
 would run them; the adaptive controller pays for every proposer it may choose.
-* the **adaptive** controller (each round starts from the same learned state, so rounds do not train
-  each other; the last round's state is saved).
 
 No timed run is traced. After the rounds, one more adaptive run from the same state writes the trace
 that the per-category table, the plot and ``adaptive-spec replay`` use; it is not part of the ratios
