@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from adaptive_spec.controller_kernels import add_counts
+from adaptive_spec.controller_kernels import add_counts, posterior_mean
 
 N_TEMP = 2  # greedy, sampled
 N_HIST = 4  # no history, low, mid, high
@@ -135,8 +135,7 @@ class AcceptanceModel:
     def table(self) -> np.ndarray:
         """Posterior mean of every cell: float64 [cells, max_k] (cached until the next update)."""
         if self._mean is None:
-            a = (self.acc + self.prior_a) / (self.tri + self.prior_a + self.prior_b)
-            self._mean = a.reshape(self._ncells, self.max_k)
+            self._mean = posterior_mean(self.acc, self.tri, self.prior_a, self.prior_b)
         return self._mean
 
     def mean(self, p: np.ndarray, t: np.ndarray, h: np.ndarray, m: np.ndarray) -> np.ndarray:

@@ -268,16 +268,13 @@ class AdaptiveController(SpecPolicy):
         return 0
 
     # -- per-request slots --------------------------------------------------------------------------
-    def _slots_for(self, req_ids: list[str], positions: np.ndarray) -> np.ndarray:
+    def _slots(self, req_ids: list[str], positions: np.ndarray) -> np.ndarray:
+        """Each request's slot (int64 [N]); the decision checks that the slots are in step with
+        ``positions`` (:meth:`decide`)."""
         if req_ids == self._last_ids:  # the same batch as the last decision: its slots
-            out = self._last_slots
-        else:
-            out = self._assign_slots(req_ids, positions)
-            self._last_ids, self._last_slots = req_ids, out
-        stale = self.tracker.length[out] != positions
-        if stale.any():  # a step we did not observe: resynchronise those requests
-            for i in np.flatnonzero(stale).tolist():
-                self.tracker.reset_slot(int(out[i]), int(positions[i]))
+            return self._last_slots
+        out = self._assign_slots(req_ids, positions)
+        self._last_ids, self._last_slots = req_ids, out
         return out
 
     def _assign_slots(self, req_ids: list[str], positions: np.ndarray) -> np.ndarray:
@@ -361,18 +358,43 @@ class AdaptiveController(SpecPolicy):
                     j += 1
             else:
                 j += P
-        pos = np.array(pos_l, dtype=np.int64)
-        temp = np.array(temp_l, dtype=np.int64)
+        ints = np.array(pos_l + cap_l + temp_l + dlen + mlen, dtype=np.int64)
+        pos = ints[:N]
         flat = np.concatenate(parts).astype(np.int64, copy=False) if parts else _NO_TOKENS
-        slots = self._slots_for(req_ids, pos)
-        hist = self._hist_b[slots]  # [N, P]
-        drafts, avail, match, cells, alpha, gains, choice, g, v_max = kern.score(
+        slots = self._slots(req_ids, pos)
+        # The share of requests that sample: their verification costs more (the sampled table).
+        sampled = sum(temp_l) / N
+        B = view.batch_size
+        curve_g, curve_s, mix = self.cost.part_curves(max(B, N), N * K, sampled)
+        tracker = self.tracker
+        bp = self._base_index
+        kbase = self.baseline_k(B) if bp >= 0 else 0
+        (
+            drafts,
+            avail,
+            match,
+            cells,
+            alpha,
+            choice,
+            g,
+            v_max,
+            ks,
+            V,
+            lam,
+            kb,
+            Vb,
+            same,
+            e_ctrl,
+            var_ctrl,
+            e_base,
+            t_pred,
+            tb_pred,
+            n_stale,
+        ) = kern.decide_step(
             flat,
-            np.array(dlen, dtype=np.int64),
-            np.array(mlen, dtype=np.int64),
-            np.array(cap_l, dtype=np.int64),
-            temp,
-            hist,
+            ints,
+            slots,
+            self._hist_b,
             self._match_lut,
             self._alpha_table(),
             self._lam,
@@ -381,36 +403,36 @@ class AdaptiveController(SpecPolicy):
             N_TEMP,
             N_HIST,
             N_MATCH,
+            curve_g,
+            curve_s,
+            mix,
+            self.cost.load,
+            kbase,
+            bp,
+            tracker.length,
         )
-        # The share of requests that sample: their verification costs more (the sampled table).
-        sampled = sum(temp_l) / N
-        B = view.batch_size
-        ks, lam, t_curve, v_max = self._allocate(g, B, N, sampled, v_max)
-        V = int(ks.sum())
-        # The baseline's decision, and the safety rule.
-        bp = self._base_index
-        kbase = self.baseline_k(B) if bp >= 0 else 0
-        kb = np.minimum(kbase, avail[:, bp]) if bp >= 0 else np.zeros(N, dtype=np.int64)
+        if n_stale:  # a step we did not observe: resynchronise those requests
+            stale = tracker.length[slots] != pos
+            for i in np.flatnonzero(stale).tolist():
+                tracker.reset_slot(int(slots[i]), int(pos[i]))
+        # The safety rule: the baseline's decision when a deviation could break the constraint.
         played_base = False
         probe = False
         choice_played = choice
-        Vb = int(kb.sum())
-        same, e_ctrl, var_ctrl, e_base = kern.guard_terms(g, gains, ks, kb, choice, bp)
         if not same:
-            t_pred = float(t_curve[V])
-            tb_pred = float(t_curve[Vb]) if v_max >= Vb else self.cost.at(B, Vb, sampled)
+            if math.isnan(tb_pred):
+                tb_pred = self.cost.at(B, Vb, sampled)
             lcb = max(float(N), e_ctrl - 2.0 * math.sqrt(var_ctrl))
             ucb_t = t_pred * math.exp(2.0 * self.cost.abs_log_residual)
             if not self.guard.allows(lcb, ucb_t, e_base / max(tb_pred, 1e-9)):
-                ks, choice_played, played_base = kb, np.full(N, bp), True
+                ks, choice_played, played_base, V = kb, np.full(N, bp), True, Vb
         # Cost probes: the table is only corrected where steps are observed, so neither side of the
         # speculate / do-not-speculate boundary may go unmeasured for long; the interval starts at
         # 8 steps and doubles after each probe up to probe_every.
-        V = int(ks.sum())
         if V == 0:
             self._steps_without_spec += 1
             self._steps_with_spec = 0
-            if self._steps_without_spec >= self._probe_gap[0] and np.isfinite(g).any():
+            if self._steps_without_spec >= self._probe_gap[0] and v_max > 0:
                 ks, choice_played, probe = self._probe(g), choice, True
                 self._steps_without_spec = 0
                 self._probe_gap[0] = min(2 * self._probe_gap[0], self.probe_every)
@@ -426,9 +448,8 @@ class AdaptiveController(SpecPolicy):
             self.guard.probes += 1
         self._lam = lam
         table = self._arm_table
-        arms: list[Arm] = [
-            table[c][k] for c, k in zip(choice_played.tolist(), ks.tolist(), strict=True)
-        ]
+        c_l, k_l = choice_played.tolist(), ks.tolist()
+        arms: list[Arm] = [table[c][k] for c, k in zip(c_l, k_l, strict=True)]
         propensities: list[float | None] = [None if self.exploration == "thompson" else 1.0] * N
         if self.exploration == "eps-greedy":
             arms, propensities = self._eps_greedy(arms, avail)
@@ -436,17 +457,20 @@ class AdaptiveController(SpecPolicy):
         # Only where the next Jacobi draft may be used: requests playing Jacobi now (its iterate
         # goes on), and one request-step in shadow_every to keep scoring it where nothing else does.
         argmax_wanted = None
-        if self._jacobi >= 0:
-            want = (slots + self.n_steps) % self._shadow_interval() == 0
-            plays = (choice_played == self._jacobi) & (ks > 0)
-            if not probe and plays.any():  # a cost probe is no sign that Jacobi pays
-                self._jacobi_played_at = self.n_steps
-            argmax_wanted = (want | plays).tolist()
+        jac = self._jacobi
+        if jac >= 0:
+            step, every = self.n_steps, self._shadow_interval()
+            plays = [c == jac and k > 0 for c, k in zip(c_l, k_l, strict=True)]
+            if not probe and any(plays):  # a cost probe is no sign that Jacobi pays
+                self._jacobi_played_at = step
+            argmax_wanted = [
+                p or (s + step) % every == 0 for s, p in zip(slots.tolist(), plays, strict=True)
+            ]
         if self.log_features:
             rows = np.arange(N)
             exp_played = np.where(self._jpos[None, :] < ks[:, None], g, 0.0).sum(axis=1) + 1.0
             cp = np.where(choice_played >= 0, choice_played, choice)
-            hb, mb = hist[rows, cp].tolist(), match[rows, cp].tolist()
+            hb, mb = self._hist_b[slots, cp].tolist(), match[rows, cp].tolist()
             flag = 1.0 if played_base else 0.0
             feats = [
                 [float(temp_l[i]), float(hb[i]), float(mb[i]), round(float(e), 4), flag]
@@ -456,14 +480,10 @@ class AdaptiveController(SpecPolicy):
             feats = [[]] * N
         # Baseline counterfactual for the safety rule: only rows that played something else (none
         # when the decision is the baseline's, unless a probe changed it).
-        if (same or played_base) and not probe:
-            differ = np.zeros(N, dtype=bool)
-        else:
-            differ = ks != kb
-            if bp >= 0:
-                differ |= (ks > 0) & (choice_played != bp)
-        base_drafts = np.ascontiguousarray(drafts[:, max(bp, 0)])
-        self.tracker.add_drafts(self.n_steps, slots, pos, base_drafts, kb, differ)
+        same_rows = tracker.register(
+            self.n_steps, slots, pos, drafts, ks, kb, choice_played, bp,
+            (same or played_base) and not probe,
+        )  # fmt: skip
         self._pending = {
             "step": self.n_steps,
             "index": dict(zip(req_ids, range(N), strict=True)),
@@ -475,7 +495,7 @@ class AdaptiveController(SpecPolicy):
             "sampled": sampled,
             "Vb": Vb,
             "alpha": alpha if self.record_calibration else None,
-            "same": ~differ,
+            "same": same_rows,
         }
         self.n_steps += 1
         info = {"played_baseline": played_base, "probe": probe, "lambda": round(lam, 4)}
@@ -567,31 +587,47 @@ class AdaptiveController(SpecPolicy):
         run_tokens = float(len(flat))
         # The safety rule compares the decided requests' tokens with the baseline's on them.
         self.guard.add_step(run_tokens, t)
-        if rows_l:
-            rows = np.array(rows_l, dtype=np.int64)
-            lens = np.array(elens, dtype=np.int64)
-            tok = np.array(flat, dtype=np.int64)
-            self._learn(pend, rows, lens, tok)
-            slots = pend["slots"][rows]
-            same = pend["same"][rows]
-            base_same = float(lens[same].sum())  # rows that played the baseline's arm
-            # Every row's tokens: a draft registered on an earlier step is resolved by the tokens
-            # committed after it, whatever the request played since.
-            self.tracker.commit_flat(slots, lens, tok)
-        else:
-            base_same = 0.0
+        acc, tracker = self.acceptance, self.tracker
+        K = self.max_k
+        # Acceptance labels and histories; every row's committed tokens to the safety tracker (a
+        # draft registered on an earlier step is resolved by the tokens committed after it, whatever
+        # the request played since) and the baseline drafts they decide.
+        ri, pi, ones, zero, base_same, tracker.n_pending, r_steps, r_emitted = kern.observe_step(
+            np.array(rows_l + elens + finished + flat, dtype=np.int64),
+            len(rows_l),
+            len(finished),
+            pend["drafts"],
+            pend["avail"],
+            pend["cells"],
+            pend["slots"],
+            pend["same"],
+            acc.acc.reshape(-1, K),
+            acc.tri.reshape(-1, K),
+            acc.discount,
+            self._hist_rate,
+            self._hist_n,
+            self._hist_b,
+            self.ema_weight,
+            HIST_EDGES[0],
+            HIST_EDGES[1],
+            tracker.ring,
+            tracker.length,
+            *tracker._pending_arrays(),
+            tracker.n_pending,
+        )
+        if ri.size:
+            acc.counts_changed()
+            if pend.get("alpha") is not None:
+                self._record_calibration(pend["alpha"], ri, pi, ones, zero)
         # The step's time under the baseline: measured + the table's difference.
         if math.isfinite(t) and t > 0:
             B = pend["batch_size"]
             dt = self.cost.at(B, pend["Vb"], sampled) - self.cost.at(
                 B, outcome.num_verified_tokens, sampled
             )
-            self.tracker.set_step_times(pend["step"], max(t + dt, 1e-9), run_tokens, t, base_same)
-        fin = None
-        if finished:
-            fin = np.zeros(self.tracker.ring.shape[0], dtype=bool)
-            fin[pend["slots"][np.array(finished, dtype=np.int64)]] = True
-        for _, rec in self.tracker.resolve(fin):
+            tracker.set_step_times(pend["step"], max(t + dt, 1e-9), run_tokens, t, base_same)
+        tracker.add_resolved(r_steps, r_emitted)
+        for _, rec in tracker.complete():
             base_tokens, _, base_time, r_tokens, r_time = rec
             self.guard.add_resolved(base_tokens, base_time, r_tokens, r_time)
         self._finish_released(outcome)
@@ -601,45 +637,22 @@ class AdaptiveController(SpecPolicy):
             if o.finished:
                 self.release(o.req_id)
 
-    def _learn(
-        self, pend: dict[str, Any], rows: np.ndarray, lens: np.ndarray, tok: np.ndarray
+    def _record_calibration(
+        self,
+        alpha: np.ndarray,
+        ri: np.ndarray,
+        pi: np.ndarray,
+        ones: np.ndarray,
+        zero: np.ndarray,
     ) -> None:
-        """Censored per-position labels of every offered draft against the committed tokens
-        (:func:`adaptive_spec.controller_kernels.learn`)."""
-        acc = self.acceptance
-        ri, pi, ones, zero = kern.learn(
-            rows,
-            lens,
-            tok,
-            pend["drafts"],
-            pend["avail"],
-            pend["cells"],
-            pend["slots"],
-            acc.acc.reshape(-1, self.max_k),
-            acc.tri.reshape(-1, self.max_k),
-            acc.discount,
-            self._hist_rate,
-            self._hist_n,
-            self._hist_b,
-            self.ema_weight,
-            HIST_EDGES[0],
-            HIST_EDGES[1],
+        """Keep the predicted conditional acceptance of every judged position with its label
+        (``alpha`` float64 [N, P, K] of the decision; the judged rows as returned by
+        :func:`adaptive_spec.controller_kernels.learn`)."""
+        judged = self._jpos[None, :] < (ones + zero)[:, None]
+        r_i, j_i = np.nonzero(judged)
+        self.calibration_records.append(
+            (pi[r_i], j_i, alpha[ri[r_i], pi[r_i], j_i], (j_i < ones[r_i]).astype(np.int8))
         )
-        if ri.size == 0:
-            return
-        acc.counts_changed()
-        if pend.get("alpha") is not None:
-            # Predicted conditional acceptance of every judged position, with its label.
-            judged = self._jpos[None, :] < (ones + zero)[:, None]
-            r_i, j_i = np.nonzero(judged)
-            self.calibration_records.append(
-                (
-                    pi[r_i],
-                    j_i,
-                    pend["alpha"][ri[r_i], pi[r_i], j_i],
-                    (j_i < ones[r_i]).astype(np.int8),
-                )
-            )
 
     # -- other verbs --------------------------------------------------------------------------------
     def _shadow_interval(self) -> int:

@@ -4,10 +4,17 @@ The controller's decision and its learning are a few dozen array operations over
 (``N`` requests x ``P`` proposers x ``K`` positions). As NumPy calls they cost 1-10 us each in
 dispatch alone, about 0.3-0.6 ms per step at batch 16 on a 2-core CPU, which is 1-3 % of a decode step
 of the embedded default. Here each of them is one loop nest, compiled once per machine (``cache=True``:
-the machine code is kept next to this file or in Numba's user cache directory) and called once per
-step. :mod:`adaptive_spec.controller` and :mod:`adaptive_spec.safety` document the quantities; every
-kernel's docstring gives its shapes and dtypes. The kernels allocate only their outputs and never
-raise for well-formed inputs (the callers build them).
+the machine code is kept next to this file or in Numba's user cache directory).
+
+Inside an engine every call also pays for caches that the forward pass left cold (tens of
+microseconds for a call's first touch of NumPy's or Numba's dispatch code), so the per-step path
+makes few calls: a decision is one :func:`decide_step` (scoring, allocation, the baseline's decision
+and the safety rule's terms) and one :func:`register_baseline`, an observation one
+:func:`observe_step` (acceptance labels, histories, the safety tracker), each fed by a single
+conversion of the caller's Python lists. The smaller kernels they are built from stay callable on
+their own. :mod:`adaptive_spec.controller` and :mod:`adaptive_spec.safety` document the quantities;
+every kernel's docstring gives its shapes and dtypes. The kernels allocate only their outputs and
+never raise for well-formed inputs (the callers build them).
 
 Floating-point sums run in the order a sequential loop gives, so results can differ from NumPy's
 pairwise sums in the last bits; decisions compare sums with margins far above that.
@@ -21,7 +28,11 @@ from numba import njit
 __all__ = [
     "add_counts",
     "allocate",
+    "decide_step",
     "learn",
+    "observe_step",
+    "posterior_mean",
+    "register_baseline",
     "score",
     "tracker_add",
     "tracker_commit",
@@ -219,6 +230,19 @@ def add_counts(
 
 
 @njit(cache=True)
+def posterior_mean(acc: np.ndarray, tri: np.ndarray, prior_a: np.ndarray, prior_b: np.ndarray):
+    """Beta posterior mean of every cell and position, ``(acc + prior_a) / (tri + prior_a +
+    prior_b)``: float64 [cells, K] from four C-contiguous float64 arrays of one shape whose last
+    axis is K (:meth:`adaptive_spec.acceptance.AcceptanceModel.table`)."""
+    K = acc.shape[-1]
+    a, t, pa, pb = acc.ravel(), tri.ravel(), prior_a.ravel(), prior_b.ravel()
+    out = np.empty(a.shape[0])
+    for i in range(a.shape[0]):
+        out[i] = (a[i] + pa[i]) / (t[i] + pa[i] + pb[i])
+    return out.reshape((a.shape[0] // K, K))
+
+
+@njit(cache=True)
 def learn(
     rows: np.ndarray,
     lens: np.ndarray,
@@ -383,6 +407,212 @@ def tracker_resolve(
     return w, steps[:m], emitted[:m]
 
 
+@njit(cache=True)
+def _mixed_curve(curve_g: np.ndarray, curve_s: np.ndarray, sampled: float, load: float, n: int):
+    """``load * ((1 - sampled) * curve_g + sampled * curve_s)`` over V = 0..n-1 (the greedy part alone
+    when ``sampled <= 0``, the sampled part alone when ``sampled >= 1``), as
+    :meth:`adaptive_spec.cost_model.StepCostModel.curve` computes it."""
+    t = np.empty(n)
+    for v in range(n):
+        if sampled <= 0.0:
+            t[v] = load * curve_g[v]
+        elif sampled >= 1.0:
+            t[v] = load * curve_s[v]
+        else:
+            t[v] = load * ((1.0 - sampled) * curve_g[v] + sampled * curve_s[v])
+    return t
+
+
+@njit(cache=True)
+def decide_step(
+    parts: np.ndarray,
+    ints: np.ndarray,
+    slots: np.ndarray,
+    hist_b: np.ndarray,
+    match_lut: np.ndarray,
+    table: np.ndarray,
+    lam: float,
+    P: int,
+    K: int,
+    n_temp: int,
+    n_hist: int,
+    n_match: int,
+    curve_g: np.ndarray,
+    curve_s: np.ndarray,
+    sampled: float,
+    load: float,
+    kbase: int,
+    bp: int,
+    length: np.ndarray,
+):
+    """One decision's arithmetic in one call: :func:`score`, :func:`allocate` over the step-cost
+    curve, the baseline's k per request and :func:`guard_terms`.
+
+    ``ints`` int64 [3 N + 2 N P]: the requests' output positions, budgets (``cap``) and temperature
+    buckets (``temp``), then :func:`score`'s ``dlen`` and ``mlen``, concatenated (one conversion
+    from the caller's lists); ``slots`` int64 [N] index ``hist_b`` int64 [slots, P] (history
+    buckets) and ``length`` int64 [slots] (tokens the safety tracker holds per slot);
+    ``curve_g`` / ``curve_s`` float64 [>= sum(dlen) + 1]: the cost table's greedy and sampled
+    curves at this batch size, mixed by ``sampled`` and scaled by ``load`` (:func:`_mixed_curve`);
+    ``kbase``: the baseline's k at this batch size, ``bp`` its proposer (-1: none). The other
+    arguments are :func:`score`'s.
+
+    Returns :func:`score`'s outputs but ``gains``, then ``ks`` int64 [N], ``V``, ``lam``, ``kb`` int64 [N],
+    ``Vb``, ``same``, ``e_ctrl``, ``var_ctrl``, ``e_base``, ``t_pred`` (s, at ``V``), ``tb_pred``
+    (s, at ``Vb``; NaN when ``Vb`` exceeds the offered tokens, for the caller to price) and the
+    number of requests whose slot is out of step with ``pos`` (to resynchronise).
+    """
+    N = slots.shape[0]
+    pos, cap, temp = ints[:N], ints[N : 2 * N], ints[2 * N : 3 * N]
+    dlen, mlen = ints[3 * N : 3 * N + N * P], ints[3 * N + N * P : 3 * N + 2 * N * P]
+    hist = np.empty((N, P), dtype=np.int64)
+    n_stale = 0
+    for i in range(N):
+        for p in range(P):
+            hist[i, p] = hist_b[slots[i], p]
+        if length[slots[i]] != pos[i]:
+            n_stale += 1
+    drafts, avail, match, cells, alpha, gains, choice, g, v_max = score(
+        parts, dlen, mlen, cap, temp, hist, match_lut, table, lam, P, K, n_temp, n_hist, n_match
+    )
+    t_curve = _mixed_curve(curve_g, curve_s, sampled, load, v_max + 1)
+    ks, V, lam_new, _ = allocate(g, v_max, t_curve)
+    kb = np.zeros(N, dtype=np.int64)
+    Vb = 0
+    if bp >= 0:
+        for i in range(N):
+            kb[i] = min(kbase, avail[i, bp])
+            Vb += kb[i]
+    same, e_ctrl, var_ctrl, e_base = guard_terms(g, gains, ks, kb, choice, bp)
+    tb_pred = t_curve[Vb] if Vb <= v_max else np.nan
+    return (
+        drafts,
+        avail,
+        match,
+        cells,
+        alpha,
+        choice,
+        g,
+        v_max,
+        ks,
+        V,
+        lam_new,
+        kb,
+        Vb,
+        same,
+        e_ctrl,
+        var_ctrl,
+        e_base,
+        t_curve[V],
+        tb_pred,
+        n_stale,
+    )
+
+
+@njit(cache=True)
+def register_baseline(
+    p_slot: np.ndarray,
+    p_pos: np.ndarray,
+    p_k: np.ndarray,
+    p_step: np.ndarray,
+    p_draft: np.ndarray,
+    n_p: int,
+    step: int,
+    slots: np.ndarray,
+    pos: np.ndarray,
+    drafts: np.ndarray,
+    ks: np.ndarray,
+    kb: np.ndarray,
+    choice: np.ndarray,
+    bp: int,
+    all_same: bool,
+):
+    """The rows whose played arm differs from the baseline's (none when ``all_same``: the decision is
+    the baseline's), and their baseline drafts appended to the pending arrays (:func:`tracker_add`;
+    capacity for ``N`` more rows checked by the caller). ``drafts`` int64 [N, P, K] as from
+    :func:`score`; ``ks`` / ``kb`` / ``choice`` int64 [N]: played k, baseline k, played proposer.
+    Returns ``(new count, number registered, same bool [N])``, ``same`` the complement of
+    ``differ``: the rows whose tokens are the baseline's."""
+    N = ks.shape[0]
+    differ = np.zeros(N, dtype=np.bool_)
+    count = 0
+    if not all_same:
+        for i in range(N):
+            d = ks[i] != kb[i] or (bp >= 0 and ks[i] > 0 and choice[i] != bp)
+            differ[i] = d
+            if d:
+                count += 1
+    if count:
+        n_p = tracker_add(
+            p_slot, p_pos, p_k, p_step, p_draft, n_p, step, slots, pos,
+            drafts[:, max(bp, 0), :], kb, differ,
+        )  # fmt: skip
+    return n_p, count, ~differ
+
+
+@njit(cache=True)
+def observe_step(
+    ints: np.ndarray,
+    n: int,
+    n_fin: int,
+    drafts: np.ndarray,
+    avail: np.ndarray,
+    cells: np.ndarray,
+    slots: np.ndarray,
+    same: np.ndarray,
+    acc: np.ndarray,
+    tri: np.ndarray,
+    discount: float,
+    hist_rate: np.ndarray,
+    hist_n: np.ndarray,
+    hist_b: np.ndarray,
+    ema: float,
+    edge_low: float,
+    edge_high: float,
+    ring: np.ndarray,
+    length: np.ndarray,
+    p_slot: np.ndarray,
+    p_pos: np.ndarray,
+    p_k: np.ndarray,
+    p_step: np.ndarray,
+    p_draft: np.ndarray,
+    n_p: int,
+):
+    """One observation's arithmetic in one call: :func:`learn` on the decided rows that reported,
+    their committed tokens appended to the safety tracker (:func:`tracker_commit`) and the pending
+    baseline drafts they decide resolved (:func:`tracker_resolve`).
+
+    ``ints`` int64: ``rows`` [n], ``lens`` [n] (as for :func:`learn`), ``finished_rows`` [n_fin]
+    (decided rows whose request finished) and ``tok`` [sum(lens)], concatenated (one conversion
+    from the caller's lists); ``slots`` int64 [N] and ``same`` bool [N] (played the baseline's arm) of
+    the decision. Returns :func:`learn`'s four arrays, the tokens of the reporting rows that played
+    the baseline's arm, and :func:`tracker_resolve`'s ``(new count, steps, emitted)``."""
+    rows, lens = ints[:n], ints[n : 2 * n]
+    finished_rows, tok = ints[2 * n : 2 * n + n_fin], ints[2 * n + n_fin :]
+    rs = np.empty(n, dtype=np.int64)
+    base_same = 0.0
+    for r in range(n):
+        rs[r] = slots[rows[r]]
+        if same[rows[r]]:
+            base_same += lens[r]
+    ri, pi, ones, zero = learn(
+        rows, lens, tok, drafts, avail, cells, slots, acc, tri, discount,
+        hist_rate, hist_n, hist_b, ema, edge_low, edge_high,
+    )  # fmt: skip
+    if n:
+        tracker_commit(ring, length, rs, lens, tok)
+    if finished_rows.shape[0]:
+        fin = np.zeros(ring.shape[0], dtype=np.bool_)
+        for r in range(finished_rows.shape[0]):
+            fin[slots[finished_rows[r]]] = True
+    else:
+        fin = np.zeros(0, dtype=np.bool_)
+    n_p, steps, emitted = tracker_resolve(
+        ring, length, p_slot, p_pos, p_k, p_step, p_draft, n_p, fin
+    )
+    return ri, pi, ones, zero, base_same, n_p, steps, emitted
+
+
 _warm = False
 
 
@@ -417,6 +647,7 @@ def warm_up() -> None:
     guard_terms(g, np.zeros((N, P, K)), ks, ks, np.zeros(N, dtype=i64), 0)
     acc, tri = np.zeros((8, K)), np.zeros((8, K))
     add_counts(acc, tri, np.zeros(1, dtype=i64), one, one, 0.99)
+    posterior_mean(np.zeros((1, 2, 4, 4, K)), *(np.ones((1, 2, 4, 4, K)) for _ in range(3)))
     learn(
         np.zeros(1, dtype=i64),
         one,
@@ -451,4 +682,60 @@ def warm_up() -> None:
     )
     tracker_commit(ring, length, np.zeros(1, dtype=i64), one, one)
     tracker_resolve(ring, length, *pend, p_draft, n, np.zeros(0, dtype=np.bool_))
+    # The fused per-step kernels, with the argument types the controller passes.
+    slots, pos = np.arange(N, dtype=i64), np.zeros(N, dtype=i64)
+    curve = np.array([1.0, 1.1, 1.2, 1.3, 1.4])
+    out = decide_step(
+        np.ones(2, dtype=i64),
+        np.array([0, 0, 9, 9, 0, 0, 2, 0, 0, 0], dtype=i64),
+        slots,
+        np.zeros((N, P), dtype=i64),
+        np.zeros((P, 64), dtype=i64),
+        np.full((8, K), 0.5),
+        0.0,
+        P,
+        K,
+        1,
+        2,
+        4,
+        curve,
+        curve,
+        0.5,
+        1.0,
+        1,
+        0,
+        np.zeros(N, dtype=i64),
+    )
+    drafts, avail, cells, choice, ks, kb = out[0], out[1], out[3], out[5], out[8], out[11]
+    pend = [np.zeros(4, dtype=i64) for _ in range(4)]
+    p_draft = np.zeros((4, K), dtype=i64)
+    n, _, same = register_baseline(
+        *pend, p_draft, 0, 0, slots, pos, drafts, ks, kb, choice, 0, False
+    )
+    register_baseline(*pend, p_draft, n, 1, slots, pos, drafts, ks, kb, choice, 0, True)
+    ring, length = np.zeros((N, 8), dtype=i64), np.zeros(N, dtype=i64)
+    observe_step(
+        np.array([0, 1, 0, 1], dtype=i64),
+        1,
+        1,
+        drafts,
+        avail,
+        cells,
+        slots,
+        same,
+        acc,
+        tri,
+        0.99,
+        np.zeros((N, P)),
+        np.zeros((N, P)),
+        np.zeros((N, P), dtype=i64),
+        0.3,
+        0.2,
+        0.6,
+        ring,
+        length,
+        *pend,
+        p_draft,
+        n,
+    )
     _warm = True

@@ -111,10 +111,15 @@ class StepCostModel:
         self._curves: dict[tuple[int, bool], np.ndarray] = {}
         # Nearest grid row per batch size, nearest grid column per V (grown on demand).
         self._row_of: dict[int, int] = {}
-        self._col_of = nearest_index(self.table.draft_tokens, np.arange(257))
-        shape = self.table.seconds.shape
-        self._cell_w = np.zeros(shape)
-        self._cell_r = np.zeros(shape)
+        self._col_of: list[int] = nearest_index(self.table.draft_tokens, np.arange(257)).tolist()
+        self._zero_cells()
+
+    def _zero_cells(self) -> None:
+        # Observations and summed log residuals per cell since the last refresh (nested lists: the
+        # per-step path adds to one cell, cheaper than NumPy's scalar indexing).
+        rows, cols = self.table.seconds.shape
+        self._cell_w = [[0.0] * cols for _ in range(rows)]
+        self._cell_r = [[0.0] * cols for _ in range(rows)]
 
     @property
     def load(self) -> float:
@@ -143,6 +148,22 @@ class StepCostModel:
         n = min(cg.shape[0], cs.shape[0])
         return (1.0 - sampled) * cg[:n] + sampled * cs[:n]
 
+    def part_curves(
+        self, batch_size: int, max_tokens: int, sampled: float = 0.0
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """The table's greedy and sampled curves at ``batch_size`` (float64 [> max_tokens], without
+        the load factor; cached, do not modify) and the weight of the sampled one: :meth:`curve` is
+        ``load * ((1 - w) * greedy + w * sampled)`` (the greedy curve twice and ``w = 0`` when the
+        table has no sampled part or no request samples)."""
+        b, n = int(batch_size), max(int(max_tokens), 0)
+        if sampled <= 0.0 or self.table.sampled is None:
+            cg = self._part_curve(b, n, False)
+            return cg, cg, 0.0
+        cs = self._part_curve(b, n, True)
+        if sampled >= 1.0:
+            return cs, cs, 1.0
+        return self._part_curve(b, n, False), cs, float(sampled)
+
     def curve(self, batch_size: int, max_tokens: int, sampled: float = 0.0) -> np.ndarray:
         """Predicted step time for ``V = 0..max_tokens``: float64 [max_tokens + 1], non-decreasing.
         ``sampled``: the share (0..1) of the step's requests with temperature > 0."""
@@ -151,11 +172,20 @@ class StepCostModel:
             * self._base_curve(int(batch_size), max(int(max_tokens), 0), sampled)[: max_tokens + 1]
         )
 
+    def _base_at(self, batch_size: int, v: int, sampled: float) -> float:
+        # One entry of _base_curve, without building the mixed curve.
+        if sampled <= 0.0 or self.table.sampled is None:
+            return float(self._part_curve(batch_size, v, False)[v])
+        cs = self._part_curve(batch_size, v, True)
+        if sampled >= 1.0:
+            return float(cs[v])
+        cg = self._part_curve(batch_size, v, False)
+        return float((1.0 - sampled) * cg[v] + sampled * cs[v])
+
     def at(self, batch_size: int, verified_tokens: int, sampled: float = 0.0) -> float:
         """Predicted step time (seconds) of one decode step (from the cached curve of
         ``batch_size``: the per-step path); ``sampled`` as in :meth:`curve`."""
-        v = int(verified_tokens)
-        return self.load * float(self._base_curve(int(batch_size), v, sampled)[v])
+        return self.load * self._base_at(int(batch_size), int(verified_tokens), sampled)
 
     def predict(
         self,
@@ -178,7 +208,7 @@ class StepCostModel:
             return False
         bi = int(nearest_index(t.batch_sizes, np.array([batch_size]))[0])
         vi = int(nearest_index(t.draft_tokens, np.array([verified_tokens]))[0])
-        return bool(t.counts[bi, vi] + self._cell_w[bi, vi] >= self.prior_weight)
+        return bool(t.counts[bi, vi] + self._cell_w[bi][vi] >= self.prior_weight)
 
     # -- learning ---------------------------------------------------------------------------------
     def update(
@@ -209,7 +239,7 @@ class StepCostModel:
             self.table = self.table.scaled(step_time_s / pred0)
             self._reset_cells()
         v = int(verified_tokens)
-        pred = float(self._base_curve(int(batch_size), v, sampled)[v])  # the table, without load
+        pred = self._base_at(int(batch_size), v, sampled)  # the table, without load
         if prefill_tokens > 0:
             extra = (step_time_s - self.load * pred) / prefill_tokens
             w = 0.1 if self.n_prefill else 1.0
@@ -228,13 +258,11 @@ class StepCostModel:
             bi = self._row_of[batch_size] = int(
                 nearest_index(self.table.batch_sizes, np.array([batch_size]))[0]
             )
-        if verified_tokens >= self._col_of.shape[0]:
-            self._col_of = nearest_index(
-                self.table.draft_tokens, np.arange(2 * verified_tokens + 1)
-            )
-        vi = int(self._col_of[verified_tokens])
-        self._cell_w[bi, vi] += 1.0
-        self._cell_r[bi, vi] += min(max(resid, -MAX_LOG_RATIO), MAX_LOG_RATIO)
+        if v >= len(self._col_of):
+            self._col_of = nearest_index(self.table.draft_tokens, np.arange(2 * v + 1)).tolist()
+        vi = self._col_of[v]
+        self._cell_w[bi][vi] += 1.0
+        self._cell_r[bi][vi] += min(max(resid, -MAX_LOG_RATIO), MAX_LOG_RATIO)
         self.n_updates += 1
         self._since_refresh += 1
         if self._since_refresh >= self._refresh_interval:
@@ -251,7 +279,7 @@ class StepCostModel:
         """Move the table's cells toward their observed residuals (see the module docstring).
         Returns the largest correction applied to a cell, as ``|log(new / old)|`` (0 when none)."""
         self._since_refresh = 0
-        w, r = self._cell_w, self._cell_r
+        w, r = np.array(self._cell_w), np.array(self._cell_r)
         has = w > 0
         if not has.any():
             return 0.0
@@ -301,8 +329,7 @@ class StepCostModel:
             sampled=None if t.sampled is None else corrected(t.sampled),
         )
         # The applied corrections are in the table now; what the next window sees is measured anew.
-        self._cell_r = r * 0.0
-        self._cell_w = w * 0.0
+        self._zero_cells()
         self._curves = {}
         self.n_refreshes += 1
         return float(np.abs(corr).max())

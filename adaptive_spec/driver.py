@@ -50,7 +50,13 @@ class _TokenBuffer:
             grown = np.empty(max(2 * len(self.arr), self.n + m), dtype=np.int64)
             grown[: self.n] = self.arr[: self.n]
             self.arr = grown
-        self.arr[self.n : self.n + m] = tokens
+        if m <= 8:  # a step's tokens: element stores cost less than converting the list
+            arr, n = self.arr, self.n
+            for t in tokens:
+                arr[n] = t
+                n += 1
+        else:
+            self.arr[self.n : self.n + m] = tokens
         self.n += m
 
     def view(self) -> np.ndarray:
@@ -319,7 +325,7 @@ class StepDriver:
                     f"policy {self.policy.name!r} chose {arm} but proposer {arm.proposer!r} is "
                     f"not offered; offered: {', '.join(offered) or 'none'}"
                 )
-            chosen = [] if d is None else [int(t) for t in d[:k].tolist()]
+            chosen = [] if d is None else d[:k].tolist()  # int64 arrays: Python ints
             if not chosen:
                 arm = NO_SPEC
             elif len(chosen) < k:

@@ -226,6 +226,33 @@ class BaselineTracker:
             np.ascontiguousarray(sel, dtype=np.bool_),
         )
 
+    def register(
+        self,
+        step: int,
+        slots: np.ndarray,
+        positions: np.ndarray,
+        drafts: np.ndarray,
+        ks: np.ndarray,
+        kb: np.ndarray,
+        choice: np.ndarray,
+        base_proposer: int,
+        all_same: bool,
+    ) -> np.ndarray:
+        """Register one decision (:func:`adaptive_spec.controller_kernels.register_baseline`): the
+        baseline's drafts of the requests whose played arm (``ks``, ``choice``) differs from the
+        baseline's (``kb`` tokens of proposer index ``base_proposer``, -1: none), none when
+        ``all_same``. ``drafts`` int64 [n, P, K]. Returns ``same`` bool [n]: the rows whose tokens
+        are the baseline's (the others are registered)."""
+        n = len(slots)
+        if self.n_pending + n > self.p_slot.shape[0]:
+            self._alloc_pending(max(self.n_pending + n, 2 * self.p_slot.shape[0]))
+        self.n_pending, count, same = kern.register_baseline(
+            *self._pending_arrays(), self.n_pending, step, slots, positions, drafts,
+            ks, kb, choice, base_proposer, all_same,
+        )  # fmt: skip
+        self.steps[step] = [0.0, float(count), math.nan, 0.0, math.nan]
+        return same
+
     def set_step_times(
         self,
         step: int,
@@ -275,15 +302,21 @@ class BaselineTracker:
                 if finished is None
                 else np.ascontiguousarray(finished, dtype=np.bool_),
             )
-            recs = self.steps
-            for s, e in zip(steps.tolist(), emitted.tolist(), strict=True):
-                rec = recs.get(s)
-                if rec is not None:
-                    rec[0] += e
-                    rec[1] -= 1
-        return self._complete()
+            self.add_resolved(steps, emitted)
+        return self.complete()
 
-    def _complete(self) -> list[tuple[int, list[float]]]:
+    def add_resolved(self, steps: np.ndarray, emitted: np.ndarray) -> None:
+        """Count resolved drafts (int64 [m] each: their step, the tokens the baseline would have
+        committed with them) in their steps' records."""
+        recs = self.steps
+        for s, e in zip(steps.tolist(), emitted.tolist(), strict=True):
+            rec = recs.get(s)
+            if rec is not None:
+                rec[0] += e
+                rec[1] -= 1
+
+    def complete(self) -> list[tuple[int, list[float]]]:
+        """Steps whose records are complete, removed and returned as in :meth:`resolve`."""
         out = []
         for s in [s for s, r in self.steps.items() if r[1] <= 0 and not math.isnan(r[2])]:
             out.append((s, self.steps.pop(s)))

@@ -896,8 +896,8 @@ class AdaptiveSpec:
             verified.append(
                 VerifiedRequest(rid, drafted, acc, emitted, r.is_finished(), pre["argmax"].get(rid))
             )
-        for rid in [rid for rid, (r, _) in pre["reqs"].items() if r.is_finished()]:
-            if self.lora is not None:
+        if self.lora is not None:
+            for rid in [rid for rid, (r, _) in pre["reqs"].items() if r.is_finished()]:
                 self.lora.release(rid)
         hook_s = self._hook_s + (time.perf_counter() - t0)
         self._hook_s = 0.0
