@@ -332,3 +332,121 @@ def test_jacobi_shadow_rate_starts_low_when_a_prior_scored_it():
     informed.acceptance.load_state_dict(fresh.acceptance.state_dict())
     assert informed.acceptance.loaded == {"jacobi"}
     assert _shadowed_share(informed) == pytest.approx(1 / 32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 10),
+    p=st.integers(1, 3),
+    k=st.integers(1, 8),
+    seed=st.integers(0, 100_000),
+    sampled=st.sampled_from([0.0, 0.3, 1.0]),
+    kbase=st.integers(0, 8),
+)
+def test_fused_decision_kernel_equals_its_parts(n, p, k, seed, sampled, kbase):
+    """``decide_step`` (one call per decision) gives exactly what scoring, the cost curve, the
+    allocation and the safety rule's terms give one after another."""
+    from adaptive_spec import controller_kernels as kern
+    from adaptive_spec.acceptance import N_HIST, N_MATCH, N_TEMP
+    from adaptive_spec.cost_table import prior_table
+
+    rng = np.random.default_rng(seed)
+    base = prior_table()
+    table = StepCostTable(
+        base.batch_sizes, base.draft_tokens, base.seconds, sampled=base.scaled(1.3)
+    )
+    ctrl = AdaptiveController(["ngram", "jacobi", "suffix"][:p], k, cost_table=table)
+    dlen = rng.integers(0, k + 3, size=n * p).astype(np.int64)
+    parts = rng.integers(0, 50, size=int(dlen.sum())).astype(np.int64)
+    mlen = rng.integers(0, 70, size=n * p).astype(np.int64)
+    cap = rng.integers(0, 12, size=n).astype(np.int64)
+    temp = rng.integers(0, 2, size=n).astype(np.int64)
+    slots = rng.permutation(max(n, 16))[:n].astype(np.int64)
+    hist_b = rng.integers(0, N_HIST, size=(max(n, 16), p)).astype(np.int64)
+    alpha_table = rng.uniform(0.0, 1.0, size=(p * N_TEMP * N_HIST * N_MATCH, k))
+    lam = float(rng.uniform(0.0, 0.5))
+    pos = rng.integers(0, 5, size=n).astype(np.int64)
+    length = np.zeros(max(n, 16), dtype=np.int64)
+    length[slots] = np.where(rng.random(n) < 0.8, pos, pos + 1)
+    bp = int(rng.integers(-1, p))
+    B = n + int(rng.integers(0, 3))
+    cg, cs, mix = ctrl.cost.part_curves(B, n * k, sampled)
+    ints = np.concatenate([pos, cap, temp, dlen, mlen])
+    got = kern.decide_step(
+        parts, ints, slots, hist_b, ctrl._match_lut, alpha_table, lam, p, k, N_TEMP, N_HIST,
+        N_MATCH, cg, cs, mix, ctrl.cost.load, kbase, bp, length,
+    )  # fmt: skip
+    drafts, avail, match, cells, alpha, gains, choice, g, v_max = kern.score(
+        parts, dlen, mlen, cap, temp, hist_b[slots], ctrl._match_lut, alpha_table, lam, p, k,
+        N_TEMP, N_HIST, N_MATCH,
+    )  # fmt: skip
+    t_curve = ctrl.cost.curve(B, v_max, sampled)
+    ks, V, lam2, _ = kern.allocate(g, v_max, t_curve)
+    kb = np.minimum(kbase, avail[:, bp]) if bp >= 0 else np.zeros(n, dtype=np.int64)
+    Vb = int(kb.sum())
+    same, e_ctrl, var, e_base = kern.guard_terms(g, gains, ks, kb, choice, bp)
+    want = [drafts, avail, match, cells, alpha, choice, g, v_max, ks, V, lam2, kb, Vb, same]
+    for a, b in zip(got[:14], want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert got[14:18] == (e_ctrl, var, e_base, t_curve[V])
+    if Vb <= v_max:
+        assert got[18] == t_curve[Vb]
+    else:
+        assert np.isnan(got[18])
+    assert got[19] == int((length[slots] != pos).sum())
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 8), k=st.integers(1, 6), seed=st.integers(0, 100_000))
+def test_fused_observation_kernel_equals_its_parts(n, k, seed):
+    """``observe_step`` (one call per observation) changes the counts, histories and the safety
+    tracker exactly as learning, committing and resolving one after another."""
+    from adaptive_spec import controller_kernels as kern
+    from adaptive_spec.safety import BaselineTracker
+
+    rng = np.random.default_rng(seed)
+    P, S = 2, 12
+    drafts = rng.integers(0, 3, size=(n, P, k)).astype(np.int64)
+    avail = rng.integers(0, k + 1, size=(n, P)).astype(np.int64)
+    cells = rng.integers(0, 6, size=(n, P)).astype(np.int64)
+    slots = rng.permutation(S)[:n].astype(np.int64)
+    same = rng.random(n) < 0.5
+    rows = np.flatnonzero(rng.random(n) < 0.8).astype(np.int64)
+    lens = rng.integers(1, k + 2, size=rows.size).astype(np.int64)
+    tok = rng.integers(0, 3, size=int(lens.sum())).astype(np.int64)
+    fin = rows[rng.random(rows.size) < 0.3]
+
+    def state():
+        tr = BaselineTracker(k)
+        tr.ensure(S)
+        for i in range(n):  # pending baseline drafts at each slot's current position
+            tr.add_drafts(i, slots[i : i + 1], np.zeros(1, np.int64), drafts[i, :1], avail[i, :1])
+        return (np.zeros((6, k)), np.zeros((6, k)), np.zeros((S, P)), np.zeros((S, P)),
+                np.zeros((S, P), np.int64), tr)  # fmt: skip
+
+    acc, tri, hr, hn, hb, tr = state()
+    ints = np.concatenate([rows, lens, fin, tok])
+    out = kern.observe_step(
+        ints, rows.size, fin.size, drafts, avail, cells, slots, same, acc, tri, 0.99, hr, hn, hb,
+        0.3, 0.2, 0.6, tr.ring, tr.length, *tr._pending_arrays(), tr.n_pending,
+    )  # fmt: skip
+    acc2, tri2, hr2, hn2, hb2, tr2 = state()
+    want = kern.learn(rows, lens, tok, drafts, avail, cells, slots, acc2, tri2, 0.99, hr2, hn2, hb2,
+                      0.3, 0.2, 0.6)  # fmt: skip
+    tr2.commit_flat(slots[rows], lens, tok)
+    f = np.zeros(tr2.ring.shape[0], dtype=bool)
+    f[slots[fin]] = True
+    n_before = tr2.n_pending
+    n_p, steps, emitted = kern.tracker_resolve(
+        tr2.ring, tr2.length, *tr2._pending_arrays(), n_before, f
+    )
+    for a, b in zip(out[:4], want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert out[4] == float(lens[same[rows]].sum())
+    assert out[5] == n_p
+    np.testing.assert_array_equal(out[6], steps)
+    np.testing.assert_array_equal(out[7], emitted)
+    for a, b in ((acc, acc2), (tri, tri2), (hr, hr2), (hn, hn2), (hb, hb2)):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(tr.ring, tr2.ring)
+    np.testing.assert_array_equal(tr.length, tr2.length)
