@@ -16,6 +16,7 @@ import pytest
 
 from adaptive_spec.controller import AdaptiveController
 from adaptive_spec.metrics import ArmStats, SpecMetrics
+from adaptive_spec.policies import make_policy
 from adaptive_spec.trace import read_trace
 from tests.scripted import (
     MAX_K,
@@ -150,6 +151,53 @@ def test_zero_draft_run_metrics(tiny_llm, tmp_path):
     d = stats["by_arm"]["none"]
     assert d["drafted"] == d["accepted"] == 0 and d["acceptance_rate"] == 0.0
     assert d["mean_accepted_length"] == 1.0 and d["emitted"] == sum(len(r.token_ids) for r in res)
+
+
+@pytest.mark.vllm
+def test_placeholder_drafts_of_a_cached_prompt_are_verified_rows_not_draft_tokens(
+    tiny_llm, tmp_path
+):
+    """vLLM pads a newly admitted request whose prompt is in the prefix cache but for one token with
+    ``num_speculative_tokens`` placeholder drafts (-1). No proposer made them: they count as rows the
+    step verifies (the cost model's input, in the trace's ``num_verified_tokens``), never as drafted
+    tokens in the metrics or the controller's outcomes; the output is unchanged."""
+    import random
+
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    block = tiny_llm.llm_engine.vllm_config.cache_config.block_size
+    rng = random.Random(7)
+    prompt = [rng.randrange(3, 49000) for _ in range(block + 1)]
+    with AdaptiveSpec(tiny_llm, ["none"], policy="none", policy_state=None):
+        ref = stream(tiny_llm, [prompt], greedy(6))  # caches the prompt's first block
+    sched = tiny_llm.llm_engine.engine_core.engine_core.scheduler
+    padded: list[dict] = []
+    recorder = RecordingPolicy(make_policy("none", ["none"], MAX_K))
+    with AdaptiveSpec(
+        tiny_llm, ["none"], policy=recorder, trace=tmp_path / "t.jsonl", policy_state=None
+    ) as spec:
+        inner = sched.schedule
+
+        def schedule(*a, **k):
+            so = inner(*a, **k)
+            padded.extend(
+                {r: list(d)} for r, d in so.scheduled_spec_decode_tokens.items() if -1 in d
+            )
+            return so
+
+        sched.schedule = schedule
+        try:
+            res = stream(tiny_llm, [prompt], greedy(6))
+        finally:
+            sched.schedule = inner
+    assert padded, "vLLM did not pad the cached prompt with placeholder drafts (nothing tested)"
+    assert [r.token_ids for r in res] == [r.token_ids for r in ref]
+    stats = spec.stats()
+    assert stats["by_arm"]["none"]["drafted"] == 0 and set(stats["by_arm"]) == {"none"}
+    trace = read_trace(tmp_path / "t.jsonl")
+    assert all(r["drafted"] == 0 for s in trace.steps for r in s["requests"])
+    assert sum(s["num_verified_tokens"] for s in trace.steps) == MAX_K * len(padded)
+    assert all(o.drafted == 0 for step in recorder.log.outcomes for o in step.requests)
 
 
 def test_metric_definitions_edge_cases():

@@ -35,6 +35,7 @@ def _check_comparison(res: dict, nospec: bool) -> None:
         assert run["steps"] > 0 and run["mean_step_ms"] > 0, (name, run)
         assert 0 <= run["accepted"] <= run["drafted"], (name, run)
         assert 0 <= run["controller_overhead"] < 1, (name, run)
+    assert all(r["drafted"] == 0 for r in cmp["configs"]["none"]["runs"])  # no placeholders
     assert cmp["configs"]["none"]["ratio_to_none"] == 1.0
     if nospec:
         assert cmp["nospec"].get("goodput_tok_s", 0) > 0, cmp["nospec"]

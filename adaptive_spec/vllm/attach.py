@@ -838,9 +838,20 @@ class AdaptiveSpec:
             if i is not None and sampled:
                 accepted[rid] = max(len(sampled[i]) - 1, 0)
         spec_tokens = so.scheduled_spec_decode_tokens
+        # Rows verified per request, and the draft tokens among them: vLLM pads a newly admitted
+        # request whose prompt is cached but for one token with placeholder drafts (-1) that no
+        # proposer made; the step computes those rows (the cost model counts them), but they are
+        # not draft tokens (the metrics and the controller do not).
+        drafted = {}
+        for rid, d in spec_tokens.items():
+            n = len(d)
+            if n and d[-1] < 0:
+                n = sum(1 for t in d if t >= 0)
+            drafted[rid] = n
         pre = {
             "reqs": reqs,
             "spec": {rid: len(d) for rid, d in spec_tokens.items()},
+            "drafted": drafted,
             # Prompt tokens computed this step: scheduled tokens beyond one decode token plus the drafts.
             "prefill": sum(
                 max(n - 1 - len(spec_tokens.get(rid, ())), 0)
@@ -889,7 +900,7 @@ class AdaptiveSpec:
                     category=cat,
                 )
             emitted = list(r.output_token_ids[n_before:])
-            drafted = pre["spec"].get(rid, 0)
+            drafted = pre["drafted"].get(rid, 0)
             # Committed accepted draft tokens: a stop token or a length limit inside an accepted chunk
             # cuts the raw count (vLLM's sampled tokens) to what was emitted.
             acc = min(pre["accepted"].get(rid, 0), drafted, len(emitted))
