@@ -167,6 +167,12 @@ class BaselineTracker:
         for new, prev in zip(self._pending_arrays(), old, strict=False):
             new[:n] = prev[:n]
 
+    def _reserve(self, count: int) -> None:
+        """Room for ``count`` more pending drafts (the arrays grow by doubling)."""
+        need = self.n_pending + count
+        if need > self.p_slot.shape[0]:
+            self._alloc_pending(max(need, 2 * self.p_slot.shape[0]))
+
     def ensure(self, n_slots: int) -> None:
         if n_slots > self.ring.shape[0]:
             grow = max(n_slots, 2 * self.ring.shape[0])
@@ -212,9 +218,7 @@ class BaselineTracker:
         self.steps[step] = [0.0, float(count), math.nan, 0.0, math.nan]
         if count == 0:
             return
-        need = self.n_pending + count
-        if need > self.p_slot.shape[0]:
-            self._alloc_pending(max(need, 2 * self.p_slot.shape[0]))
+        self._reserve(count)
         self.n_pending = kern.tracker_add(
             *self._pending_arrays(),
             self.n_pending,
@@ -243,9 +247,7 @@ class BaselineTracker:
         baseline's (``kb`` tokens of proposer index ``base_proposer``, -1: none), none when
         ``all_same``. ``drafts`` int64 [n, P, K]. Returns ``same`` bool [n]: the rows whose tokens
         are the baseline's (the others are registered)."""
-        n = len(slots)
-        if self.n_pending + n > self.p_slot.shape[0]:
-            self._alloc_pending(max(self.n_pending + n, 2 * self.p_slot.shape[0]))
+        self._reserve(len(slots))
         self.n_pending, count, same = kern.register_baseline(
             *self._pending_arrays(), self.n_pending, step, slots, positions, drafts,
             ks, kb, choice, base_proposer, all_same,
