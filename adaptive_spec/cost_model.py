@@ -139,14 +139,13 @@ class StepCostModel:
         return c
 
     def _base_curve(self, batch_size: int, max_tokens: int, sampled: float = 0.0) -> np.ndarray:
-        if sampled <= 0.0 or self.table.sampled is None:
-            return self._part_curve(batch_size, max_tokens, False)
-        cs = self._part_curve(batch_size, max_tokens, True)
-        if sampled >= 1.0:
+        cg, cs, w = self.part_curves(batch_size, max_tokens, sampled)
+        if w <= 0.0:
+            return cg
+        if w >= 1.0:
             return cs
-        cg = self._part_curve(batch_size, max_tokens, False)
         n = min(cg.shape[0], cs.shape[0])
-        return (1.0 - sampled) * cg[:n] + sampled * cs[:n]
+        return (1.0 - w) * cg[:n] + w * cs[:n]
 
     def part_curves(
         self, batch_size: int, max_tokens: int, sampled: float = 0.0
@@ -174,13 +173,12 @@ class StepCostModel:
 
     def _base_at(self, batch_size: int, v: int, sampled: float) -> float:
         # One entry of _base_curve, without building the mixed curve.
-        if sampled <= 0.0 or self.table.sampled is None:
-            return float(self._part_curve(batch_size, v, False)[v])
-        cs = self._part_curve(batch_size, v, True)
-        if sampled >= 1.0:
+        cg, cs, w = self.part_curves(batch_size, v, sampled)
+        if w <= 0.0:
+            return float(cg[v])
+        if w >= 1.0:
             return float(cs[v])
-        cg = self._part_curve(batch_size, v, False)
-        return float((1.0 - sampled) * cg[v] + sampled * cs[v])
+        return float((1.0 - w) * cg[v] + w * cs[v])
 
     def at(self, batch_size: int, verified_tokens: int, sampled: float = 0.0) -> float:
         """Predicted step time (seconds) of one decode step (from the cached curve of
