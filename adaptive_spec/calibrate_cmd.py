@@ -91,6 +91,7 @@ def main(args: argparse.Namespace) -> int:
     from vllm import SamplingParams
 
     from adaptive_spec.cost_tables import save_cached_table
+    from adaptive_spec.engine import request_seed
     from adaptive_spec.machine import key_slug
     from adaptive_spec.priors import prior_document
     from adaptive_spec.run import build_engine, encode_prompts
@@ -155,7 +156,9 @@ def main(args: argparse.Namespace) -> int:
                 llm.generate(
                     [{"prompt_token_ids": t} for t in ids],
                     SamplingParams(
-                        temperature=temp, max_tokens=args.prior_max_tokens, seed=args.seed
+                        temperature=temp,
+                        max_tokens=args.prior_max_tokens,
+                        seed=request_seed(args.seed),
                     ),
                     use_tqdm=True,
                 )

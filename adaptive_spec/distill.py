@@ -536,6 +536,8 @@ def generate_with_vllm(
     from tqdm.auto import tqdm
     from vllm import SamplingParams
 
+    from adaptive_spec.engine import request_seed
+
     tok = llm.get_tokenizer()
     out = list(done or [])
     bar = tqdm(
@@ -550,7 +552,7 @@ def generate_with_vllm(
                 temperature=temperature,
                 max_tokens=max_new_tokens,
                 logprobs=topk,
-                seed=seed * 1_000_003 + c0 + i if temperature > 0 else None,
+                seed=request_seed(seed * 1_000_003 + c0 + i) if temperature > 0 else None,
             )
             for i in keep
         ]

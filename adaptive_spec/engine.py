@@ -28,6 +28,20 @@ def prepare_engine_env() -> None:
         os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
 
 
+def request_seed(seed: int | None) -> int | None:
+    """The per-request sampling seed to give vLLM's ``SamplingParams``: ``seed``, except on vLLM's CPU
+    build, where it returns None. There a seeded request whose prompt is prefilled in chunks (a prompt
+    longer than the step's token budget, or several long prompts admitted together) stops the engine:
+    vLLM 0.32 rewinds the request's generator with ``Generator.set_offset``, which CPU generators do
+    not support ("RuntimeError: CPU Generator does not use offset"). Without per-request seeds, the
+    engine's own seed (``build_llm(seed=...)``) still makes a run reproducible for the same schedule."""
+    if seed is None:
+        return None
+    from vllm.platforms import current_platform
+
+    return None if current_platform.is_cpu() else seed
+
+
 def build_llm(
     model: str | Path | None = None,
     *,

@@ -445,6 +445,7 @@ def main(args: argparse.Namespace) -> int:
     from rich.table import Table
     from vllm import SamplingParams
 
+    from adaptive_spec.engine import request_seed
     from adaptive_spec.plots import arm_mix, plot_arm_choices
     from adaptive_spec.trace import read_trace
     from adaptive_spec.vllm import AdaptiveSpec
@@ -467,7 +468,7 @@ def main(args: argparse.Namespace) -> int:
         return cats.get(tuple(ids))
 
     params = SamplingParams(
-        temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed
+        temperature=args.temperature, max_tokens=args.max_tokens, seed=request_seed(args.seed)
     )
     greedy = args.temperature == 0
     # One untimed pass of every prompt with speculation off: it warms the engine and puts every prompt
@@ -479,7 +480,7 @@ def main(args: argparse.Namespace) -> int:
     ref_params = SamplingParams(
         temperature=args.temperature,
         max_tokens=args.max_tokens if args.compare_static else 1,
-        seed=args.seed,
+        seed=request_seed(args.seed),
         logprobs=2 if args.compare_static and greedy else None,
     )
     with AdaptiveSpec(
