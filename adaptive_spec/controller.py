@@ -33,6 +33,15 @@ proposers (all of it vectorised over the batch):
    measured and a wrong table cannot switch speculation off for good. Probes bypass the safety rule;
    their cost is at most one step in ``probe_every`` and is counted in the run's measured goodput
    like any other step.
+6. **Rest steps**: after ``rest_after`` decisions in a row that verify no draft token (probes aside),
+   and where the table's price of one draft token at this batch size is backed by measurements (a
+   table that is only a guess keeps being probed and learned at full rate), the controller rests (:meth:`AdaptiveController.rests`): on ``wake_every - 1`` of every
+   ``wake_every`` steps the step driver runs no proposer and no decision, every request plays
+   ``none``, and :meth:`~AdaptiveController.observe` only updates the cost model's load factor and
+   the safety rule's counterfactual with the committed tokens. Every ``wake_every``-th step decides
+   in full (scoring the proposers, the safety rule, the probes); the first one that verifies a draft
+   token ends the rest. When nothing pays (high temperature, high load) the controller so costs
+   about what a static arm costs, and a regime change is seen within ``wake_every`` steps.
 
 Learning (:meth:`AdaptiveController.observe`): every proposer's full draft offered at decision time is
 scored against the tokens the target committed (censored per-position labels: full-information
@@ -126,6 +135,10 @@ class AdaptiveController(SpecPolicy):
     shadow_every : int >= 1
         A weak proposer (Jacobi) is scored on one request-step in this many (in 8 times as many once it
         has not been played for 256 steps, or from the start when a loaded prior or state scored it).
+    rest_after : int >= 1
+        Decisions in a row that verify no draft token (probes aside) before the controller rests.
+    wake_every : int >= 1
+        While resting, one step in this many decides in full (1: never rest).
     seed : int >= 0
         Seeds the random draws (Thompson, epsilon-greedy).
 
@@ -153,6 +166,8 @@ class AdaptiveController(SpecPolicy):
         ema: float = 0.3,
         probe_every: int = 64,
         shadow_every: int = 16,
+        rest_after: int = 16,
+        wake_every: int = 4,
         seed: int = 0,
     ) -> None:
         super().__init__(proposers, max_k)
@@ -169,7 +184,12 @@ class AdaptiveController(SpecPolicy):
                 raise ValueError(f"{name}={v!r} is invalid; allowed: 0 < {name} <= 1")
         if not (isinstance(ucb_bonus, int | float) and math.isfinite(ucb_bonus) and ucb_bonus >= 0):
             raise ValueError(f"ucb_bonus={ucb_bonus!r} is invalid; allowed: a finite number >= 0")
-        for name, v in (("probe_every", probe_every), ("shadow_every", shadow_every)):
+        for name, v in (
+            ("probe_every", probe_every),
+            ("shadow_every", shadow_every),
+            ("rest_after", rest_after),
+            ("wake_every", wake_every),
+        ):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r} is invalid; allowed: an integer >= 1")
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
@@ -181,6 +201,8 @@ class AdaptiveController(SpecPolicy):
         self.ema_weight = float(ema)
         self.probe_every = probe_every
         self.shadow_every = shadow_every
+        self.rest_after = rest_after
+        self.wake_every = wake_every
         self.seed = int(seed)
         self.rng = np.random.default_rng(seed)
         self.acceptance = AcceptanceModel(self.proposers, max_k, discount=discount)
@@ -224,6 +246,12 @@ class AdaptiveController(SpecPolicy):
         self._steps_without_spec = 0
         self._steps_with_spec = 0
         self._probe_gap = [min(8, probe_every), min(8, probe_every)]  # without / with speculation
+        self._quiet = 0  # decisions in a row that verified no draft token (probes aside)
+        self._rest_count = 0  # steps since resting began
+        self._resting = False  # the coming observation is of a rest step
+        self._rest_key = (-1, -1)  # (batch size, quiet // rest_after) of the last trust check
+        self._rest_trusted = False
+        self.rest_steps = 0
         self.log_features = False
         # Calibration report (replay --calibration): (proposer, position, predicted, accepted) arrays.
         self.record_calibration = False
@@ -312,6 +340,28 @@ class AdaptiveController(SpecPolicy):
         return len(self._slot)
 
     # -- decision -----------------------------------------------------------------------------------
+    def rests(self, batch_size: int) -> bool:
+        """Whether the coming step is a rest step (step 6 of the module docstring): after
+        ``rest_after`` quiet decisions, all but one step in ``wake_every``."""
+        if self._quiet < self.rest_after or self.wake_every == 1:
+            return False
+        key = (batch_size, self._quiet // self.rest_after)  # checked again every rest_after steps
+        if key != self._rest_key:  # the price of speculating here is measured, not guessed
+            self._rest_key = key
+            self._rest_trusted = self.cost.trusted(batch_size, 1)
+        if not self._rest_trusted:
+            return False
+        self._rest_count += 1
+        if (
+            self._rest_count % self.wake_every == 0
+            or self._steps_without_spec + 1 >= self._probe_gap[0]  # a cost probe is due
+        ):
+            return False
+        self._steps_without_spec += 1  # rest steps count toward the next probe
+        self._resting = True
+        self.rest_steps += 1
+        return True
+
     def _alpha_table(self) -> np.ndarray:
         if self.exploration == "thompson":
             return self.acceptance.sample(self.rng)
@@ -446,6 +496,10 @@ class AdaptiveController(SpecPolicy):
                     self._probe_gap[1] = min(2 * self._probe_gap[1], self.probe_every)
         if probe:
             self.guard.probes += 1
+        else:
+            self._quiet = self._quiet + 1 if V == 0 else 0
+            if V:
+                self._rest_count = 0
         self._lam = lam
         table = self._arm_table
         c_l, k_l = choice_played.tolist(), ks.tolist()
@@ -566,7 +620,10 @@ class AdaptiveController(SpecPolicy):
             outcome.num_prefill_tokens,
             sampled=sampled,
         )
-        if pend is None:  # nothing was decided for this step (prefill only): not the guard's
+        if pend is None:  # nothing was decided for this step (prefill only, or a rest step)
+            if self._resting:
+                self._resting = False
+                self._commit_rest(outcome)
             self._finish_released(outcome)
             return
         index = pend["index"]
@@ -631,6 +688,37 @@ class AdaptiveController(SpecPolicy):
             base_tokens, _, base_time, r_tokens, r_time = rec
             self.guard.add_resolved(base_tokens, base_time, r_tokens, r_time)
         self._finish_released(outcome)
+
+    def _commit_rest(self, outcome: StepOutcome) -> None:
+        """A rest step's committed tokens to the safety tracker: they resolve the baseline drafts
+        registered before the rest, and keep each request's position in step."""
+        slot, tracker = self._slot, self.tracker
+        slots: list[int] = []
+        lens: list[int] = []
+        flat: list[int] = []
+        finished: list[int] = []
+        for o in outcome.requests:
+            s = slot.get(o.req_id)
+            if s is None:
+                continue
+            slots.append(s)
+            lens.append(len(o.emitted_token_ids))
+            flat.extend(o.emitted_token_ids)
+            if o.finished:
+                finished.append(s)
+        if not slots:
+            return
+        tracker.commit_flat(
+            np.array(slots, dtype=np.int64),
+            np.array(lens, dtype=np.int64),
+            np.array(flat, dtype=np.int64),
+        )
+        if tracker.n_pending:
+            done = np.zeros(tracker.length.shape[0], dtype=np.bool_)
+            done[finished] = True
+            for _, rec in tracker.resolve(done):
+                base_tokens, _, base_time, r_tokens, r_time = rec
+                self.guard.add_resolved(base_tokens, base_time, r_tokens, r_time)
 
     def _finish_released(self, outcome: StepOutcome) -> None:
         for o in outcome.requests:
@@ -779,6 +867,7 @@ class AdaptiveController(SpecPolicy):
             "guard": self.guard.as_dict(),
             "load_factor": round(self.cost.load, 4),
             "cost_table": self.cost.table.source,
+            "rest_steps": self.rest_steps,
             "speculation_overhead_ms": {
                 str(b): round(1e3 * self.cost.load * self.cost.table.speculation_overhead(b), 3)
                 for b in (1, 4, 16)

@@ -147,7 +147,7 @@ class StepDriver:
         self._category: dict[str, str | None] = {}
         # Chosen at the last decision: arm, propensity, features, drafts offered (trace only).
         self._chosen: dict[
-            str, tuple[Arm, float | None, list[float], dict[str, list[int]], list[int]]
+            str, tuple[Arm, float | None, list[float], dict[str, list[int]] | None, list[int]]
         ] = {}
         self._prompt_len: dict[str, int] = {}
         self._last: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}  # draft, argmax, accepted
@@ -244,6 +244,8 @@ class StepDriver:
         self._any_argmax = False
         if not live:
             return DriverDecision([], [], [], [])
+        if self.policy.rests(batch_size):
+            return self._rest_decision(live)
         views = [
             RequestView(r.req_id, r.num_output_tokens, r.max_new_tokens, r.temperature)
             for r in live
@@ -342,6 +344,16 @@ class StepDriver:
             flags.append(flag)
         self._any_argmax = any(flags)
         return DriverDecision(req_ids, drafts, arms, flags)
+
+    def _rest_decision(self, live: Sequence[LiveRequest]) -> DriverDecision:
+        """A rest step (:meth:`SpecPolicy.rests <adaptive_spec.protocol.SpecPolicy.rests>`): no
+        proposer runs, every request plays ``none``."""
+        self._decision_info = {"rest": True}
+        ids = [r.req_id for r in live]
+        for rid in ids:
+            self._chosen[rid] = (NO_SPEC, None, [], None, [])  # in the trace: nothing offered
+        n = len(ids)
+        return DriverDecision(ids, [[] for _ in range(n)], [NO_SPEC] * n, [False] * n)
 
     def clear_decision(self) -> None:
         """Forget the last decision (the adapter fell back to the engine's own drafts)."""

@@ -129,6 +129,13 @@ class SpecPolicy(ABC):
     def load_state_dict(self, state: dict) -> None:  # noqa: B027 (optional hook)
         """Restore learned state (default: nothing)."""
 
+    def rests(self, batch_size: int) -> bool:
+        """Whether the coming step is a **rest step**: the step driver skips the proposers and
+        :meth:`decide`, every request plays ``none``, and :meth:`observe` still gets the outcome (with
+        nothing pending from a decision). A policy that has found nothing worth drafting for a while
+        rests to cost next to nothing; the default never does."""
+        return False
+
     def jacobi_guess_wanted(self, req_ids: list[str]) -> list[bool]:
         """For a policy with ``wants_jacobi_guess = False``: which of these requests without a
         recorded verification should still be offered Jacobi's initial guess (default: none)."""

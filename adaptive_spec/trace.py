@@ -10,7 +10,10 @@ File layout (JSON Lines):
   ``step_time_s`` (wall time of the engine step, seconds), ``controller_time_s`` (seconds spent in the
   controller for this step), ``batch_size`` (requests in the step), ``num_verified_tokens`` (draft tokens
   verified in the step), ``num_prefill_tokens`` (prompt tokens computed in the step), ``queue_len``, ``fault`` (null or the controller error that made the step fall
-  back), and ``requests``: one object per request in the step with
+  back), ``decision`` (null or the policy's facts about its decision, e.g. ``played_baseline``,
+  ``probe``, ``lambda``; ``{"rest": true}`` for a rest step, in which no proposer ran and every request
+  played ``none``: its rows have null ``propensity`` and ``cf_drafts`` and empty ``features``), and
+  ``requests``: one object per request in the step with
 
   - ``req_id``; ``arm`` (``"none"`` or ``"<proposer>:<k>"``: the arm whose drafts this step verified);
   - ``drafted`` (draft tokens verified), ``accepted`` (accepted draft tokens), ``emitted`` (tokens

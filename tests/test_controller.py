@@ -14,8 +14,10 @@ from adaptive_spec.controller import AdaptiveController
 from adaptive_spec.cost_table import StepCostTable
 from adaptive_spec.policies import make_policy
 from adaptive_spec.protocol import (
+    Decision,
     RequestOutcome,
     RequestView,
+    SpecPolicy,
     StepOutcome,
     StepView,
     acceptance_rows,
@@ -450,3 +452,55 @@ def test_fused_observation_kernel_equals_its_parts(n, k, seed):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(tr.ring, tr2.ring)
     np.testing.assert_array_equal(tr.length, tr2.length)
+
+
+def test_a_rest_step_runs_no_proposer_and_no_decision_but_observes_the_outcome():
+    """The step driver on a rest step: every request plays none without a proposer or ``decide``
+    being called; the outcome (every request's committed tokens) still reaches ``observe``."""
+    from adaptive_spec.driver import LiveRequest, StepDriver, VerifiedRequest
+    from adaptive_spec.proposers.ngram import NgramProposer
+
+    class Resting(SpecPolicy):
+        name = "resting"
+
+        def __init__(self) -> None:
+            super().__init__(["ngram"], 4)
+            self.resting = True
+            self.observed: list[StepOutcome] = []
+
+        def rests(self, batch_size: int) -> bool:
+            return self.resting
+
+        def decide(self, view: StepView) -> Decision:
+            n = len(view.requests)
+            return Decision([Arm("ngram", 2)] * n, [1.0] * n, [[] for _ in range(n)])
+
+        def observe(self, outcome: StepOutcome) -> None:
+            self.observed.append(outcome)
+
+    class Counting(NgramProposer):
+        calls = 0
+
+        def propose(self, reqs, ks):
+            Counting.calls += 1
+            return super().propose(reqs, ks)
+
+    policy = Resting()
+    driver = StepDriver(policy, {"ngram": Counting(max_k=4)}, max_k=4, vocab_size=100)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]
+    for rid in ("a", "b"):
+        driver.add_request(rid, prompt)
+    live = [LiveRequest("a", 0, 16, 0.0), LiveRequest("b", 0, 16, 0.0)]
+    dec = driver.decide(live, batch_size=2)
+    assert Counting.calls == 0 and dec.arms == [NO_SPEC, NO_SPEC] and dec.drafts == [[], []]
+    out = driver.observe(
+        [VerifiedRequest("a", 0, 0, [8]), VerifiedRequest("b", 0, 0, [9])],
+        step_time_s=0.02,
+        batch_size=2,
+        num_verified_tokens=0,
+    )
+    assert [o.emitted_token_ids for o in policy.observed[0].requests] == [[8], [9]]
+    assert [o.arm for o in out.requests] == [NO_SPEC, NO_SPEC]
+    policy.resting = False  # a regular step: the proposer runs and the decision is played
+    dec = driver.decide([LiveRequest("a", 1, 15, 0.0), LiveRequest("b", 1, 15, 0.0)], batch_size=2)
+    assert Counting.calls == 1 and dec.arms[0] == Arm("ngram", 2) and len(dec.drafts[0]) == 2

@@ -239,3 +239,102 @@ def test_every_committed_token_reaches_the_baseline_tracker():
         max_batch=4,
     )
     assert ctrl.guard.ratio() == pytest.approx(res.goodput / base.goodput, rel=0.03)
+
+
+def measured_table() -> StepCostTable:
+    """:func:`cpu_table` as a calibration writes it: every cell backed by 10 measurements."""
+    t = cpu_table()
+    B, V, T = [], [], []
+    for bi, b in enumerate(t.batch_sizes.tolist()):
+        for vi, v in enumerate(t.draft_tokens.tolist()):
+            if b <= 16 and v <= 128:
+                B += [b] * 10
+                V += [v] * 10
+                T += [float(t.seconds[bi, vi])] * 10
+    return StepCostTable.from_samples(B, V, T)
+
+
+def test_rest_steps_when_nothing_pays_end_within_50_steps_of_a_regime_that_pays():
+    """Drafts that are never accepted: after ``rest_after`` quiet decisions the controller rests
+    (no decision on 3 of every 4 steps), the run stays conservative, and once the requests start
+    copying it speculates again within 50 steps."""
+    shift = 200
+    specs = [RequestSpec(480, ((0, DEAD), (shift, COPY)), "shift") for _ in range(4)]
+    reqs = make_requests(specs, K, seed=8)
+    prof = TableCostProfile(cpu_table())
+    ctrl = AdaptiveController(["ngram"], K, baseline="none", cost_table=measured_table())
+    decided = []
+    orig = ctrl.decide
+
+    def counting_decide(view):
+        decided.append(len(res_steps))
+        return orig(view)
+
+    res_steps: list[int] = []
+    orig_rests = ctrl.rests
+
+    def recording_rests(batch_size):
+        r = orig_rests(batch_size)
+        res_steps.append(r)
+        return r
+
+    ctrl.decide, ctrl.rests = counting_decide, recording_rests
+    res = replay(reqs, ctrl, prof, max_batch=4)
+    off = replay(reqs, BatchSizeTablePolicy(["ngram"], K, "ngram", [[1, 64, 0]]), prof, max_batch=4)
+    # Rest steps make no decision; decisions happen on the others.
+    assert ctrl.rest_steps == sum(res_steps) > 0
+    assert len(decided) == len(res_steps) - ctrl.rest_steps
+    toks_per_req = np.cumsum(res.step_tokens) / 4
+    change = int(np.searchsorted(toks_per_req, shift))
+    # Before the shift: resting on about 3 of 4 steps once quiet.
+    quiet = res_steps[ctrl.rest_after + 8 : change]
+    assert 0.6 <= np.mean(quiet) <= 0.8, np.mean(quiet)
+    # After it: drafting again within 50 steps, and no rest once drafting.
+    assert spec_share_after(res, change + 50) > 0.3
+    assert not any(res_steps[change + 50 :])
+    assert res.goodput > 1.2 * off.goodput
+
+
+def test_no_rest_on_a_cost_table_that_is_only_a_guess():
+    """A table cell backed by no measurement is probed and learned at full rate: no rest steps."""
+    reqs = make_requests(stationary(DEAD, 4, 256), K, seed=9)
+    prof = TableCostProfile(cpu_table())
+    ctrl = AdaptiveController(["ngram"], K, baseline="none", cost_table=cpu_table())
+    replay(reqs, ctrl, prof, max_batch=4)
+    assert ctrl.rest_steps == 0
+    rested = AdaptiveController(["ngram"], K, baseline="none", cost_table=measured_table())
+    replay(reqs, rested, prof, max_batch=4)
+    assert rested.rest_steps > 0
+
+
+def test_rest_steps_keep_the_safety_rule_s_counterfactual_in_step():
+    """While resting against a baseline that drafts, the committed tokens still resolve the
+    baseline drafts registered before: the guard's estimate of the ratio to the baseline stays
+    right, and no request falls out of step with the tracker."""
+    reqs = make_requests(stationary(DEAD, 4, 384), K, seed=10)
+    prof = TableCostProfile(cpu_table())
+    base = replay(reqs, BatchSizeTablePolicy(["ngram"], K, "ngram", TABLE), prof, max_batch=4)
+    rested = AdaptiveController(
+        ["ngram"],
+        K,
+        baseline=f"table:ngram:{_table_text()}",
+        alpha=ALPHA,
+        cost_table=measured_table(),
+    )
+    resets = []
+    orig_reset = rested.tracker.reset_slot
+
+    def counting_reset(slot, position):
+        resets.append(slot)
+        orig_reset(slot, position)
+
+    rested.tracker.reset_slot = counting_reset
+    res2 = replay(reqs, rested, prof, max_batch=4)
+    assert rested.rest_steps > 0
+    # Each request's slot is reset when it starts and when it is released, never because the
+    # tracker lost count of its committed tokens.
+    assert len(resets) <= 2 * len(reqs), len(resets)
+    est = rested.guard.ratio()
+    assert est is not None
+    assert est == pytest.approx(res2.goodput / base.goodput, rel=0.05)
+    assert res2.goodput >= base.goodput  # the baseline drafts into a dead regime
