@@ -100,6 +100,29 @@ def _is_draft_family(p: str) -> bool:
     return p in DRAFT_FAMILY or p.startswith("lora:")
 
 
+def _flatten(
+    outcome: StepOutcome, index: dict[str, int]
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """The outcome's requests found in ``index`` (request id -> row or slot): their ``index`` values,
+    their committed-token counts, those tokens one after another, and the values of the finished
+    ones."""
+    keys: list[int] = []
+    lens: list[int] = []
+    flat: list[int] = []
+    finished: list[int] = []
+    for o in outcome.requests:
+        i = index.get(o.req_id)
+        if i is None:
+            continue
+        em = o.emitted_token_ids
+        keys.append(i)
+        lens.append(len(em))
+        flat.extend(em)
+        if o.finished:
+            finished.append(i)
+    return keys, lens, flat, finished
+
+
 class AdaptiveController(SpecPolicy):
     """The default controller (see the module docstring).
 
@@ -626,21 +649,7 @@ class AdaptiveController(SpecPolicy):
                 self._commit_rest(outcome)
             self._finish_released(outcome)
             return
-        index = pend["index"]
-        rows_l: list[int] = []
-        elens: list[int] = []
-        flat: list[int] = []
-        finished: list[int] = []
-        for o in outcome.requests:
-            i = index.get(o.req_id)
-            if i is None:
-                continue
-            em = o.emitted_token_ids
-            rows_l.append(i)
-            elens.append(len(em))
-            flat.extend(em)
-            if o.finished:
-                finished.append(i)
+        rows_l, elens, flat, finished = _flatten(outcome, pend["index"])
         run_tokens = float(len(flat))
         # The safety rule compares the decided requests' tokens with the baseline's on them.
         self.guard.add_step(run_tokens, t)
@@ -692,20 +701,8 @@ class AdaptiveController(SpecPolicy):
     def _commit_rest(self, outcome: StepOutcome) -> None:
         """A rest step's committed tokens to the safety tracker: they resolve the baseline drafts
         registered before the rest, and keep each request's position in step."""
-        slot, tracker = self._slot, self.tracker
-        slots: list[int] = []
-        lens: list[int] = []
-        flat: list[int] = []
-        finished: list[int] = []
-        for o in outcome.requests:
-            s = slot.get(o.req_id)
-            if s is None:
-                continue
-            slots.append(s)
-            lens.append(len(o.emitted_token_ids))
-            flat.extend(o.emitted_token_ids)
-            if o.finished:
-                finished.append(s)
+        tracker = self.tracker
+        slots, lens, flat, finished = _flatten(outcome, self._slot)
         if not slots:
             return
         tracker.commit_flat(
