@@ -35,10 +35,11 @@ proposers (all of it vectorised over the batch):
    like any other step.
 6. **Rest steps**: after ``rest_after`` decisions in a row that verify no draft token (probes aside),
    and where the table's price of one draft token at this batch size is backed by measurements (a
-   table that is only a guess keeps being probed and learned at full rate), the controller rests (:meth:`AdaptiveController.rests`): on ``wake_every - 1`` of every
-   ``wake_every`` steps the step driver runs no proposer and no decision, every request plays
-   ``none``, and :meth:`~AdaptiveController.observe` only updates the cost model's load factor and
-   the safety rule's counterfactual with the committed tokens. Every ``wake_every``-th step decides
+   table that is only a guess keeps being probed and learned at full rate), the controller rests
+   (:meth:`AdaptiveController.rests`): on ``wake_every - 1`` of every ``wake_every`` steps the step
+   driver runs no proposer and no decision, every request plays ``none``, and
+   :meth:`~AdaptiveController.observe` only updates the cost model and gives the safety rule's
+   tracker the committed tokens (rest steps also count toward the next cost probe). Every ``wake_every``-th step decides
    in full (scoring the proposers, the safety rule, the probes); the first one that verifies a draft
    token ends the rest. When nothing pays (high temperature, high load) the controller so costs
    about what a static arm costs, and a regime change is seen within ``wake_every`` steps.
@@ -270,7 +271,7 @@ class AdaptiveController(SpecPolicy):
         self._steps_with_spec = 0
         self._probe_gap = [min(8, probe_every), min(8, probe_every)]  # without / with speculation
         self._quiet = 0  # decisions in a row that verified no draft token (probes aside)
-        self._rest_count = 0  # steps since resting began
+        self._rest_count = 0  # steps that could rest since the last decision that drafted
         self._resting = False  # the coming observation is of a rest step
         self._rest_key = (-1, -1)  # (batch size, quiet // rest_after) of the last trust check
         self._rest_trusted = False
