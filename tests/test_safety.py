@@ -256,21 +256,21 @@ def measured_table() -> StepCostTable:
 
 def test_rest_steps_when_nothing_pays_end_within_50_steps_of_a_regime_that_pays():
     """Drafts that are never accepted: after ``rest_after`` quiet decisions the controller rests
-    (no decision on 3 of every 4 steps), the run stays conservative, and once the requests start
-    copying it speculates again within 50 steps."""
+    (no decision on 3 of every 4 steps), and once the requests start copying it speculates again
+    within 50 steps (the run ends 20 % above no speculation)."""
     shift = 200
     specs = [RequestSpec(480, ((0, DEAD), (shift, COPY)), "shift") for _ in range(4)]
     reqs = make_requests(specs, K, seed=8)
     prof = TableCostProfile(cpu_table())
     ctrl = AdaptiveController(["ngram"], K, baseline="none", cost_table=measured_table())
-    decided = []
+    decided: list[int] = []  # the step index of each decision
     orig = ctrl.decide
 
     def counting_decide(view):
         decided.append(len(res_steps))
         return orig(view)
 
-    res_steps: list[int] = []
+    res_steps: list[bool] = []  # per decode step: whether it rested
     orig_rests = ctrl.rests
 
     def recording_rests(batch_size):
