@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from adaptive_spec.bench import _merge, best_k_by_concurrency
-from adaptive_spec.benchmarks.summary import compute_goals, summarize_cell
+from adaptive_spec.benchmarks.report import markdown
+from adaptive_spec.benchmarks.summary import compute_goals, median_interval, summarize_cell
 
 
 def runs(goodputs, *, violations=0, emitted=None, steps=None, overhead=None, identity=True):
@@ -266,3 +267,61 @@ def test_merge_puts_other_engines_no_speculation_in_baselines():
     assert m["baselines"]["dynamic"]["runs"] == [1]
     assert list(m["configs"]) == ["vllm-dynamic"]
     assert m["prepare"]["dynamic"] == {"reference_s": 1.0}
+
+
+def test_median_interval_is_the_sign_test_interval_between_order_statistics():
+    # 6 values: their extremes (coverage 1 - 2 / 2**6 = 0.969 >= 0.95); 5 are too few at 95 %.
+    assert median_interval([1.0, 0.9, 1.2, 1.1, 0.95, 1.05]) == (0.9, 1.2)
+    assert median_interval([1.0, 0.9, 1.2, 1.1, 0.95]) is None
+    # 9 values: the 2nd and 8th smallest (P(Binomial(9, 1/2) <= 1) = 0.0195 <= 0.025 per side).
+    xs = [0.5, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 2.0]
+    assert median_interval(xs[::-1]) == (0.8, 1.2)
+    assert median_interval([]) is None
+
+
+def _six_round_cell(adaptive, *, overhead=None):
+    return summarize_cell(
+        cell(
+            configs={
+                "none": ("main", runs([100] * 6)),
+                "static:ngram:2": ("main", runs([100] * 6)),
+                "adaptive": ("main", runs(adaptive, overhead=overhead)),
+            }
+        )
+    )
+
+
+def test_goal_intervals_say_whether_the_runs_resolve_the_target():
+    # Paired ratios 0.90-1.04 (median 0.97): not met, but the interval contains 0.98.
+    noisy = _six_round_cell([90, 95, 97, 97, 100, 104])
+    g = {x["id"]: x for x in compute_goals([noisy])}["A:mixed/c4/t0"]
+    assert g["measured"] == pytest.approx(0.97) and g["met"] is False
+    assert g["interval"] == [0.9, 1.04] and g["resolved"] is False
+    # All six rounds below 0.98: not met and resolved.
+    low = _six_round_cell([90, 91, 92, 93, 94, 97])
+    g = {x["id"]: x for x in compute_goals([low])}["A:mixed/c4/t0"]
+    assert g["met"] is False and g["resolved"] is True and g["interval"] == [0.9, 0.97]
+    # Three rounds give no 95 % interval: no verdict on the noise either way.
+    three = {x["id"]: x for x in compute_goals(_goal_cells())}
+    assert "interval" not in three["C"] and "resolved" not in three["C"]
+    # The overhead goal (<=): per-run overheads all above 1 % resolve it as not met.
+    hot = summarize_cell(
+        cell(
+            c=16,
+            t=1.0,
+            configs={
+                "none": ("main", runs([300] * 6, identity=False)),
+                "adaptive": ("main", runs([288] * 6, identity=False, overhead=0.012)),
+            },
+        )
+    )
+    d = {x["id"]: x for x in compute_goals([hot])}["D"]
+    assert d["met"] is False and d["interval"] == [0.012, 0.012] and d["resolved"] is True
+
+
+def test_report_prints_the_interval_and_within_noise():
+    noisy = _six_round_cell([90, 95, 97, 97, 100, 104])
+    text = markdown({"cells": [noisy], "goals": []})
+    row = next(line for line in text.splitlines() if line.startswith("| A:mixed/c4/t0"))
+    assert "0.970x (6 pairs), 95% CI 0.900x-1.040x" in row
+    assert row.endswith("**not met** (within noise) |")

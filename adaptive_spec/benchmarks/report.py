@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from adaptive_spec.benchmarks.summary import compute_goals
 from adaptive_spec.machine import cpu_model
 
 KIND_ORDER = {"baseline": 0, "static": 1, "peer": 2, "vllm": 3, "hf": 4, "adaptive": 5}
@@ -121,6 +122,23 @@ def _row_cells(cell: dict[str, Any], name: str, *, code: bool = False) -> list[s
     ]
 
 
+def goal_figures(g: dict[str, Any]) -> tuple[str, str]:
+    """A goal's measured figure (with its note, the pairs behind it and its confidence interval) and
+    its target, as printed in the goals table."""
+    pct = g["id"] == "D"
+    fmt = (lambda x: _fmt(x, ".1%")) if pct else (lambda x: _fmt(x, ".3f", "x"))
+    measured = fmt(g["measured"])
+    if g.get("note"):
+        measured += f" ({g['note']})"
+    if g.get("pairs"):
+        measured += f" ({g['pairs']} pairs)"
+    if g.get("interval"):
+        low, high = g["interval"]
+        measured += f", {g.get('confidence', 0.95):.0%} CI {fmt(low)}-{fmt(high)}"
+    target = f"{g['comparison']} " + (f"{g['threshold']:.0%}" if pct else f"{g['threshold']:.2f}x")
+    return measured, target
+
+
 def print_tables(console: Any, cells: list[dict[str, Any]], goals: list[dict[str, Any]]) -> None:
     """Print the goals, then the main table (last): one row per cell and configuration."""
     from rich.table import Table
@@ -129,16 +147,10 @@ def print_tables(console: Any, cells: list[dict[str, Any]], goals: list[dict[str
     for col in ("goal", "what", "cell", "measured", "target", "met"):
         gt.add_column(col, justify="right" if col in ("measured", "target") else "left")
     for g in goals:
-        pct = g["id"] == "D"
-        measured = (_fmt(g["measured"], ".1%") if pct else _fmt(g["measured"], ".3f", "x")) + (
-            f" ({g['note']})" if g.get("note") else ""
-        )
-        if g.get("pairs"):
-            measured += f" ({g['pairs']} pairs)"
-        target = f"{g['comparison']} " + (
-            f"{g['threshold']:.0%}" if pct else f"{g['threshold']:.2f}x"
-        )
+        measured, target = goal_figures(g)
         met = {True: "[green]met[/]", False: "[red]unmet[/]", None: "[yellow]n/a[/]"}[g["met"]]
+        if g.get("resolved") is False:
+            met += " (within noise)"
         gt.add_row(g["id"], g["description"], g["cell"] or "-", measured, target, met)
     console.print(gt)
 
@@ -199,17 +211,15 @@ def markdown(data: dict[str, Any]) -> str:
         "| goal | what | cell | measured | target | met |",
         "|---|---|---|---:|---:|---|",
     ]
-    for g in data.get("goals", []):
-        pct = g["id"] == "D"
-        measured = _fmt(g["measured"], ".1%") if pct else _fmt(g["measured"], ".3f", "x")
-        if g.get("note"):
-            measured += f" ({g['note']})"
-        if g.get("pairs"):
-            measured += f" ({g['pairs']} pairs)"
-        target = f"{g['comparison']} " + (
-            f"{g['threshold']:.0%}" if pct else f"{g['threshold']:.2f}x"
-        )
+    # The goals again from the stored cells, so that a file written by an older version gets what
+    # this one computes (the confidence intervals).
+    cells = data.get("cells", [])
+    goals = compute_goals(cells) if any("summary" in c for c in cells) else data.get("goals", [])
+    for g in goals:
+        measured, target = goal_figures(g)
         met = {True: "**met**", False: "**not met**", None: "n/a"}[g["met"]]
+        if g.get("resolved") is False:
+            met += " (within noise)"
         lines.append(
             f"| {g['id']} | {g['description']} | {g['cell'] or '-'} | {measured} | {target} | {met} |"
         )

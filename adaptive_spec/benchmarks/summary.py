@@ -21,6 +21,12 @@ Ratios (the machine drifts between repeats, ``docs/benchmarks.md``, so ratios ar
 * the best static arm is the static arm with the highest ``ratio_to_none`` over the regular repeats
   (:func:`best_static_arm`), among valid ones.
 
+Each goal measured on paired runs (or, for the controller's overhead, on its runs) also gets a 95 %
+confidence interval for that median (:func:`median_interval`: distribution-free, from the order
+statistics; it needs at least 6 values) and says whether the interval lies on one side of the target
+(``resolved``): a goal that is not met but whose interval contains the target is within the noise of
+the runs.
+
 A greedy run is **invalid** when :func:`adaptive_spec.identity.compare_greedy` finds a violation (a
 divergence from the no-speculation reference with a clear top-2 margin); a configuration is valid when all
 its runs are.
@@ -28,8 +34,11 @@ its runs are.
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
+
+from scipy.stats import quantile_test
 
 from adaptive_spec.benchmarks.plan import parse_config
 
@@ -40,6 +49,25 @@ GOAL_THRESHOLDS = {
     "D": 0.01,  # controller overhead at c16 (share of step time)
     "P": 1.0,  # information: adaptive / a peer (SmartSpec, BanditSpec, vLLM's table)
 }
+#: Confidence level of the goals' intervals (:func:`median_interval`).
+GOAL_CONFIDENCE = 0.95
+
+
+def median_interval(
+    values: list[float], level: float = GOAL_CONFIDENCE
+) -> tuple[float, float] | None:
+    """A confidence interval for the median of ``values`` that assumes no distribution: the sign-test
+    interval between two order statistics (Conover, *Practical Nonparametric Statistics*, 3.2;
+    :func:`scipy.stats.quantile_test`), with coverage at least ``level``. ``None`` when there are too
+    few values for it (at 95 %: fewer than 6; with 6 it is their minimum and maximum)."""
+    xs = [float(x) for x in values if x is not None and math.isfinite(x)]
+    if not xs:
+        return None
+    ci = quantile_test(xs, q=statistics.median(xs), p=0.5).confidence_interval(level)
+    low, high = float(ci.low), float(ci.high)
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return None
+    return low, high
 
 
 def _median(xs: list[float]) -> float | None:
@@ -231,7 +259,29 @@ def _vs(cell: dict[str, Any] | None, a: str, b: str) -> tuple[float | None, str 
     return _ratio(cell, a, b)[0], None
 
 
-def _goal(gid: str, description: str, cell_id: str | None, measured, missing, *, at_most=False):
+def _pairs_of(cell: dict[str, Any] | None, a: str, b: str) -> list[float]:
+    """The per-round goodput quotients behind :func:`_ratio` (empty when a and b are not both
+    main-engine configurations that ran)."""
+    if cell is None or a == b:
+        return []
+    s = cell.get("summary", {})
+    if a not in s or b not in s or s[a]["engine"] != "main" or s[b]["engine"] != "main":
+        return []
+    return _pairs(cell["configs"][a].get("runs", []), cell["configs"][b].get("runs", []))
+
+
+def _goal(
+    gid: str,
+    description: str,
+    cell_id: str | None,
+    measured,
+    missing,
+    *,
+    at_most=False,
+    samples: list[float] | None = None,
+):
+    """One goal; ``samples``: the values whose median is ``measured`` (paired ratios or per-run
+    overheads), for its confidence interval."""
     thr = GOAL_THRESHOLDS[gid.split(":")[0]]
     met = None if measured is None else (measured <= thr if at_most else measured >= thr)
     g = {
@@ -243,6 +293,14 @@ def _goal(gid: str, description: str, cell_id: str | None, measured, missing, *,
         "comparison": "<=" if at_most else ">=",
         "met": met,
     }
+    ci = median_interval(samples) if samples and measured is not None else None
+    if ci is not None:
+        g["interval"] = [round(ci[0], 4), round(ci[1], 4)]
+        g["confidence"] = GOAL_CONFIDENCE
+        # Resolved: the interval lies on one side of the target (else the runs cannot tell).
+        g["resolved"] = (
+            bool(ci[1] < thr or ci[0] >= thr) if not at_most else bool(ci[1] <= thr or ci[0] > thr)
+        )
     if missing:
         g["note"] = missing
     return g
@@ -270,7 +328,14 @@ def compute_goals(cells: list[dict[str, Any]], adaptive: str = "adaptive") -> li
         best = cell.get("best_static")
         m, why = _vs(cell, adaptive, best) if best else (None, "no valid static arm")
         goals.append(
-            _goal(f"A:{cell['id']}", f"adaptive / best static arm ({best})", cell["id"], m, why)
+            _goal(
+                f"A:{cell['id']}",
+                f"adaptive / best static arm ({best})",
+                cell["id"],
+                m,
+                why,
+                samples=_pairs_of(cell, adaptive, best) if best else None,
+            )
         )
         if m is not None:
             goals[-1]["pairs"] = _ratio(cell, adaptive, best)[1]
@@ -284,6 +349,7 @@ def compute_goals(cells: list[dict[str, Any]], adaptive: str = "adaptive") -> li
             g3["id"] if g3 else None,
             m,
             why,
+            samples=_pairs_of(g3, adaptive, ref),
         )
     )
     g1 = _find(cells, "mixed", 4, 0.0)
@@ -296,6 +362,7 @@ def compute_goals(cells: list[dict[str, Any]], adaptive: str = "adaptive") -> li
             g1["id"] if g1 else None,
             m,
             why,
+            samples=_pairs_of(g1, adaptive, best) if best else None,
         )
     )
     if m is not None:
@@ -309,6 +376,7 @@ def compute_goals(cells: list[dict[str, Any]], adaptive: str = "adaptive") -> li
     ]
     if overheads:
         cid, worst = max(overheads, key=lambda x: x[1])
+        worst_cell = next(c for c in cells if c["id"] == cid)
         goals.append(
             _goal(
                 "D",
@@ -317,6 +385,10 @@ def compute_goals(cells: list[dict[str, Any]], adaptive: str = "adaptive") -> li
                 worst,
                 None,
                 at_most=True,
+                samples=[
+                    r.get("controller_overhead")
+                    for r in worst_cell["configs"][adaptive].get("runs", [])
+                ],
             )
         )
     else:
@@ -338,6 +410,13 @@ def compute_goals(cells: list[dict[str, Any]], adaptive: str = "adaptive") -> li
         if g1 is not None and peer in g1.get("summary", {}):
             m, why = _vs(g1, adaptive, peer)
             goals.append(
-                _goal(f"P:{peer}", f"mixed c=4 greedy: adaptive / {label}", g1["id"], m, why)
+                _goal(
+                    f"P:{peer}",
+                    f"mixed c=4 greedy: adaptive / {label}",
+                    g1["id"],
+                    m,
+                    why,
+                    samples=_pairs_of(g1, adaptive, peer),
+                )
             )
     return goals
