@@ -17,7 +17,12 @@ proposers (all of it vectorised over the batch):
    (:class:`~adaptive_spec.cost_model.StepCostModel`), which charges the fixed cost of speculating at
    all at ``V = 1`` and, for the share of requests that sample (temperature > 0), the table's sampled
    part (verification costs more there). Because a request's gains fall with position, the prefix is
-   a per-request k.
+   a per-request k. With ``speculation_premium > 0`` (default 0) the allocation prices speculation at
+   ``1 + speculation_premium`` times what the table adds to a step: a committed token is worth a
+   full share of the step only while queued requests refill the batch (in a finite batch, or below
+   saturation, the batch shrinks instead). The safety rule's slack is then spent on drafting less
+   than its model's optimum, so its bound can be exceeded by the model's error
+   (``docs/replay.md``).
 4. **Safety** (:mod:`adaptive_spec.safety`): the baseline's decision (by default an n-gram
    batch-size table, as vLLM's ``num_speculative_tokens_per_batch_size``) is computed too; the
    controller plays its own decision only if a lower bound on its tokens and an upper bound on its
@@ -163,6 +168,10 @@ class AdaptiveController(SpecPolicy):
         Decisions in a row that verify no draft token (probes aside) before the controller rests.
     wake_every : int >= 1
         While resting, one step in this many decides in full (1: never rest).
+    speculation_premium : float >= 0
+        The allocation prices speculation at ``1 + speculation_premium`` times what the cost table
+        says it adds to a step (step 3 of the module docstring); the safety rule and the cost model
+        use the table's own times.
     seed : int >= 0
         Seeds the random draws (Thompson, epsilon-greedy).
 
@@ -192,6 +201,7 @@ class AdaptiveController(SpecPolicy):
         shadow_every: int = 16,
         rest_after: int = 16,
         wake_every: int = 4,
+        speculation_premium: float = 0.0,
         seed: int = 0,
     ) -> None:
         super().__init__(proposers, max_k)
@@ -216,6 +226,16 @@ class AdaptiveController(SpecPolicy):
         ):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r} is invalid; allowed: an integer >= 1")
+        if not (
+            isinstance(speculation_premium, int | float)
+            and not isinstance(speculation_premium, bool)
+            and math.isfinite(speculation_premium)
+            and speculation_premium >= 0
+        ):
+            raise ValueError(
+                f"speculation_premium={speculation_premium!r} is invalid; allowed: a finite "
+                "number >= 0 (0: price speculation at the cost table's time)"
+            )
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
             raise ValueError(f"seed={seed!r} is invalid; allowed: an integer >= 0")
         kern.warm_up()  # the per-step kernels' machine code, loaded before the first step
@@ -227,6 +247,7 @@ class AdaptiveController(SpecPolicy):
         self.shadow_every = shadow_every
         self.rest_after = rest_after
         self.wake_every = wake_every
+        self.speculation_premium = float(speculation_premium)
         self.seed = int(seed)
         self.rng = np.random.default_rng(seed)
         self.acceptance = AcceptanceModel(self.proposers, max_k, discount=discount)
@@ -484,6 +505,7 @@ class AdaptiveController(SpecPolicy):
             kbase,
             bp,
             tracker.length,
+            self.speculation_premium,
         )
         if n_stale:  # a step we did not observe: resynchronise those requests
             stale = tracker.length[slots] != pos

@@ -444,6 +444,7 @@ def decide_step(
     kbase: int,
     bp: int,
     length: np.ndarray,
+    premium: float,
 ):
     """One decision's arithmetic in one call: :func:`score`, :func:`allocate` over the step-cost
     curve, the baseline's k per request and :func:`guard_terms`.
@@ -454,8 +455,9 @@ def decide_step(
     buckets) and ``length`` int64 [slots] (tokens the safety tracker holds per slot);
     ``curve_g`` / ``curve_s`` float64 [>= sum(dlen) + 1]: the cost table's greedy and sampled
     curves at this batch size, mixed by ``sampled`` and scaled by ``load`` (:func:`_mixed_curve`);
-    ``kbase``: the baseline's k at this batch size, ``bp`` its proposer (-1: none). The other
-    arguments are :func:`score`'s.
+    ``kbase``: the baseline's k at this batch size, ``bp`` its proposer (-1: none); ``premium`` >= 0:
+    the allocation prices speculation at ``1 + premium`` times the curve's increase over ``V = 0``
+    (the predicted times returned stay the curve's). The other arguments are :func:`score`'s.
 
     Returns :func:`score`'s outputs but ``gains``, then ``ks`` int64 [N], ``V``, ``lam``, ``kb`` int64 [N],
     ``Vb``, ``same``, ``e_ctrl``, ``var_ctrl``, ``e_base``, ``t_pred`` (s, at ``V``), ``tb_pred``
@@ -476,7 +478,13 @@ def decide_step(
         parts, dlen, mlen, cap, temp, hist, match_lut, table, lam, P, K, n_temp, n_hist, n_match
     )
     t_curve = _mixed_curve(curve_g, curve_s, sampled, load, v_max + 1)
-    ks, V, lam_new, _ = allocate(g, v_max, t_curve)
+    if premium > 0.0:
+        t_alloc = np.empty(v_max + 1)
+        for v in range(v_max + 1):
+            t_alloc[v] = t_curve[0] + (1.0 + premium) * (t_curve[v] - t_curve[0])
+        ks, V, lam_new, _ = allocate(g, v_max, t_alloc)
+    else:
+        ks, V, lam_new, _ = allocate(g, v_max, t_curve)
     kb = np.zeros(N, dtype=np.int64)
     Vb = 0
     if bp >= 0:
@@ -705,6 +713,7 @@ def warm_up() -> None:
         1,
         0,
         np.zeros(N, dtype=i64),
+        0.5,
     )
     drafts, avail, cells, choice, ks, kb = out[0], out[1], out[3], out[5], out[8], out[11]
     pend = [np.zeros(4, dtype=i64) for _ in range(4)]

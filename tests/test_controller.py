@@ -344,10 +344,12 @@ def test_jacobi_shadow_rate_starts_low_when_a_prior_scored_it():
     seed=st.integers(0, 100_000),
     sampled=st.sampled_from([0.0, 0.3, 1.0]),
     kbase=st.integers(0, 8),
+    premium=st.sampled_from([0.0, 0.5, 1.0]),
 )
-def test_fused_decision_kernel_equals_its_parts(n, p, k, seed, sampled, kbase):
+def test_fused_decision_kernel_equals_its_parts(n, p, k, seed, sampled, kbase, premium):
     """``decide_step`` (one call per decision) gives exactly what scoring, the cost curve, the
-    allocation and the safety rule's terms give one after another."""
+    allocation (over the curve with speculation priced at ``1 + premium`` times its cost) and the
+    safety rule's terms give one after another; the predicted times are the curve's."""
     from adaptive_spec import controller_kernels as kern
     from adaptive_spec.acceptance import N_HIST, N_MATCH, N_TEMP
     from adaptive_spec.cost_table import prior_table
@@ -376,14 +378,15 @@ def test_fused_decision_kernel_equals_its_parts(n, p, k, seed, sampled, kbase):
     ints = np.concatenate([pos, cap, temp, dlen, mlen])
     got = kern.decide_step(
         parts, ints, slots, hist_b, ctrl._match_lut, alpha_table, lam, p, k, N_TEMP, N_HIST,
-        N_MATCH, cg, cs, mix, ctrl.cost.load, kbase, bp, length,
+        N_MATCH, cg, cs, mix, ctrl.cost.load, kbase, bp, length, premium,
     )  # fmt: skip
     drafts, avail, match, cells, alpha, gains, choice, g, v_max = kern.score(
         parts, dlen, mlen, cap, temp, hist_b[slots], ctrl._match_lut, alpha_table, lam, p, k,
         N_TEMP, N_HIST, N_MATCH,
     )  # fmt: skip
     t_curve = ctrl.cost.curve(B, v_max, sampled)
-    ks, V, lam2, _ = kern.allocate(g, v_max, t_curve)
+    t_alloc = t_curve[0] + (1.0 + premium) * (t_curve - t_curve[0])
+    ks, V, lam2, _ = kern.allocate(g, v_max, t_alloc if premium else t_curve)
     kb = np.minimum(kbase, avail[:, bp]) if bp >= 0 else np.zeros(n, dtype=np.int64)
     Vb = int(kb.sum())
     same, e_ctrl, var, e_base = kern.guard_terms(g, gains, ks, kb, choice, bp)
