@@ -109,10 +109,22 @@ class StepCostModel:
         # per-step path slices it instead of interpolating the table again (cleared when the table
         # changes).
         self._curves: dict[tuple[int, bool], np.ndarray] = {}
+        # The last part_curves() call's arguments and result (a decision and the observation after
+        # it ask for the same batch size; cleared with the curves).
+        self._last_parts: tuple[Any, ...] | None = None
         # Nearest grid row per batch size, nearest grid column per V (grown on demand).
-        self._row_of: dict[int, int] = {}
+        self._row_of: list[int] = nearest_index(self.table.batch_sizes, np.arange(257)).tolist()
         self._col_of: list[int] = nearest_index(self.table.draft_tokens, np.arange(257)).tolist()
         self._zero_cells()
+
+    def _cell_index(self, batch_size: int, verified_tokens: int) -> tuple[int, int]:
+        # The grid cell nearest (batch_size, verified_tokens) (the index lists grow on demand).
+        b, v = max(int(batch_size), 0), max(int(verified_tokens), 0)
+        if b >= len(self._row_of):
+            self._row_of = nearest_index(self.table.batch_sizes, np.arange(2 * b + 1)).tolist()
+        if v >= len(self._col_of):
+            self._col_of = nearest_index(self.table.draft_tokens, np.arange(2 * v + 1)).tolist()
+        return self._row_of[b], self._col_of[v]
 
     def _zero_cells(self) -> None:
         # Observations and summed log residuals per cell since the last refresh (nested lists: the
@@ -154,14 +166,27 @@ class StepCostModel:
         the load factor; cached, do not modify) and the weight of the sampled one: :meth:`curve` is
         ``load * ((1 - w) * greedy + w * sampled)`` (the greedy curve twice and ``w = 0`` when the
         table has no sampled part or no request samples)."""
+        last = self._last_parts
+        if (
+            last is not None
+            and last[0] == batch_size
+            and last[1] >= max_tokens
+            and last[2] == sampled
+            and last[4] is self.table
+        ):
+            return last[3]
         b, n = int(batch_size), max(int(max_tokens), 0)
         if sampled <= 0.0 or self.table.sampled is None:
             cg = self._part_curve(b, n, False)
-            return cg, cg, 0.0
-        cs = self._part_curve(b, n, True)
-        if sampled >= 1.0:
-            return cs, cs, 1.0
-        return self._part_curve(b, n, False), cs, float(sampled)
+            out = (cg, cg, 0.0)
+        else:
+            cs = self._part_curve(b, n, True)
+            if sampled >= 1.0:
+                out = (cs, cs, 1.0)
+            else:
+                out = (self._part_curve(b, n, False), cs, float(sampled))
+        self._last_parts = (batch_size, n, sampled, out, self.table)
+        return out
 
     def curve(self, batch_size: int, max_tokens: int, sampled: float = 0.0) -> np.ndarray:
         """Predicted step time for ``V = 0..max_tokens``: float64 [max_tokens + 1], non-decreasing.
@@ -204,8 +229,7 @@ class StepCostModel:
         t = self.table
         if t.counts is None:
             return False
-        bi = int(nearest_index(t.batch_sizes, np.array([batch_size]))[0])
-        vi = int(nearest_index(t.draft_tokens, np.array([verified_tokens]))[0])
+        bi, vi = self._cell_index(batch_size, verified_tokens)
         return bool(t.counts[bi, vi] + self._cell_w[bi][vi] >= self.prior_weight)
 
     # -- learning ---------------------------------------------------------------------------------
@@ -251,14 +275,7 @@ class StepCostModel:
         self.log_load += self.load_rate * lr
         resid = r - self.log_load
         self.abs_log_residual += 0.02 * (min(abs(resid), MAX_LOG_RATIO) - self.abs_log_residual)
-        bi = self._row_of.get(batch_size)
-        if bi is None:
-            bi = self._row_of[batch_size] = int(
-                nearest_index(self.table.batch_sizes, np.array([batch_size]))[0]
-            )
-        if v >= len(self._col_of):
-            self._col_of = nearest_index(self.table.draft_tokens, np.arange(2 * v + 1)).tolist()
-        vi = self._col_of[v]
+        bi, vi = self._cell_index(batch_size, v)
         self._cell_w[bi][vi] += 1.0
         self._cell_r[bi][vi] += min(max(resid, -MAX_LOG_RATIO), MAX_LOG_RATIO)
         self.n_updates += 1
@@ -329,6 +346,7 @@ class StepCostModel:
         # The applied corrections are in the table now; what the next window sees is measured anew.
         self._zero_cells()
         self._curves = {}
+        self._last_parts = None
         self.n_refreshes += 1
         return float(np.abs(corr).max())
 
