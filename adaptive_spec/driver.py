@@ -387,6 +387,8 @@ class StepDriver:
         trace = self.tracer is not None
         valid_time = step_time_s > 0 and math.isfinite(step_time_s)
         share = step_time_s / batch_size if batch_size and valid_time else 0.0
+        # Metrics are added once per (proposer, k, category) of the step, not per request.
+        groups: dict[tuple[str, int, str | None], list[int]] = {}
         for v in verified:
             rid = v.req_id
             buf = self._tokens.get(rid)
@@ -409,22 +411,20 @@ class StepDriver:
                         rid, arm, v.drafted, v.accepted, list(v.emitted_token_ids), v.finished
                     )
                 )
-            cat = self._category.get(rid)
-            key = str(arm) if v.drafted > 0 else "none"
-            self.metrics.add_request_step(
-                key,
-                arm.proposer if v.drafted > 0 else "none",
-                cat,
-                v.drafted,
-                v.accepted,
-                len(v.emitted_token_ids),
-                share,
-            )
+            gkey = (arm.proposer, arm.k, self._category.get(rid))  # NO_SPEC when nothing drafted
+            g = groups.get(gkey)
+            if g is None:
+                groups[gkey] = [1, v.drafted, v.accepted, len(v.emitted_token_ids)]
+            else:
+                g[0] += 1
+                g[1] += v.drafted
+                g[2] += v.accepted
+                g[3] += len(v.emitted_token_ids)
             if trace:
                 rows.append(
                     {
                         "req_id": rid,
-                        "arm": key,
+                        "arm": str(arm),
                         "drafted": v.drafted,
                         "accepted": v.accepted,
                         "emitted": len(v.emitted_token_ids),
@@ -441,6 +441,11 @@ class StepDriver:
                         "finished": v.finished,
                     }
                 )
+        for (prop, k, cat), (n, drafted, accepted, emitted) in groups.items():
+            self.metrics.add_request_step(
+                "none" if k == 0 else f"{prop}:{k}", prop, cat, drafted, accepted, emitted,
+                n * share, n,
+            )  # fmt: skip
         outcome = StepOutcome(
             outcomes, step_time_s, batch_size, num_verified_tokens, num_prefill_tokens
         )

@@ -26,8 +26,12 @@ class ArmStats:
     emitted: int = 0
     time_s: float = 0.0
 
-    def add(self, drafted: int, accepted: int, emitted: int, time_share_s: float) -> None:
-        self.request_steps += 1
+    def add(
+        self, drafted: int, accepted: int, emitted: int, time_share_s: float, n: int = 1
+    ) -> None:
+        """Count ``n`` request-steps with these totals (``time_share_s``: their summed share of
+        step time, seconds)."""
+        self.request_steps += n
         self.drafted += drafted
         self.accepted += accepted
         self.emitted += emitted
@@ -80,12 +84,15 @@ class SpecMetrics:
         accepted: int,
         emitted: int,
         time_share_s: float,
+        n: int = 1,
     ) -> None:
-        self.by_arm[arm].add(drafted, accepted, emitted, time_share_s)
-        self.by_proposer[proposer].add(drafted, accepted, emitted, time_share_s)
+        """Count ``n`` request-steps of one arm, proposer and category with these totals
+        (``time_share_s``: their summed share of step time, seconds)."""
+        self.by_arm[arm].add(drafted, accepted, emitted, time_share_s, n)
+        self.by_proposer[proposer].add(drafted, accepted, emitted, time_share_s, n)
         cat = category or "all"
-        self.by_category[cat].add(drafted, accepted, emitted, time_share_s)
-        self.arm_by_category[cat][arm] += 1
+        self.by_category[cat].add(drafted, accepted, emitted, time_share_s, n)
+        self.arm_by_category[cat][arm] += n
 
     def add_step(self, step_time_s: float, controller_time_s: float) -> None:
         self.steps += 1
