@@ -99,6 +99,7 @@ DECISION_FEATURES = (
 )
 DRAFT_FAMILY = ("draft",)
 _NO_TOKENS = np.zeros(0, dtype=np.int64)
+_NO_ROWS = np.zeros((0, 1))
 _JACOBI_RECENT = 256  # steps after Jacobi was last played during which it is shadowed at full rate
 
 
@@ -108,15 +109,18 @@ def _is_draft_family(p: str) -> bool:
 
 def _flatten(
     outcome: StepOutcome, index: dict[str, int]
-) -> tuple[list[int], list[int], list[int], list[int]]:
+) -> tuple[list[int], list[int], list[int], list[int], list[str]]:
     """The outcome's requests found in ``index`` (request id -> row or slot): their ``index`` values,
     their committed-token counts, those tokens one after another, and the values of the finished
-    ones."""
+    ones; then the ids of every finished request of the outcome (found or not)."""
     keys: list[int] = []
     lens: list[int] = []
     flat: list[int] = []
     finished: list[int] = []
+    done: list[str] = []
     for o in outcome.requests:
+        if o.finished:
+            done.append(o.req_id)
         i = index.get(o.req_id)
         if i is None:
             continue
@@ -126,7 +130,7 @@ def _flatten(
         flat.extend(em)
         if o.finished:
             finished.append(i)
-    return keys, lens, flat, finished
+    return keys, lens, flat, finished, done
 
 
 class AdaptiveController(SpecPolicy):
@@ -267,6 +271,7 @@ class AdaptiveController(SpecPolicy):
         ).astype(np.int64)
         self._jpos = np.arange(max_k)
         self._jpos1 = self._jpos + 1
+        self._no_table = np.zeros((0, max_k))
         self._rows_cache = np.arange(64)
         # Arm objects by (proposer index, k); row -1 (the last) is "none" for every k.
         self._arm_table = [
@@ -377,6 +382,13 @@ class AdaptiveController(SpecPolicy):
     def release(self, req_id: str) -> None:
         s = self._slot.pop(req_id, None)
         self._last_ids = None
+        pend = self._pending
+        if pend is not None and req_id in pend["index"]:
+            # Released between its decision and the observation (an abort): the baseline's draft
+            # of it would never be resolved, so it is not registered.
+            row = pend["index"][req_id]
+            pend["ks"][row] = 0
+            pend["kb"][row] = 0
         if s is not None:
             self.tracker.reset_slot(s, 0)
             self._free.append(s)
@@ -408,11 +420,14 @@ class AdaptiveController(SpecPolicy):
         return True
 
     def _alpha_table(self) -> np.ndarray:
+        """The conditional acceptance table the decision scores with, float64 [cells, max_k]; an
+        empty one (greedy exploration) lets the decision kernel take the posterior means of the
+        counts itself (no separate call on the per-step path)."""
         if self.exploration == "thompson":
             return self.acceptance.sample(self.rng)
         if self.exploration == "ucb":
             return self.acceptance.optimistic(self.ucb_bonus)
-        return self.acceptance.table()
+        return self._no_table
 
     def decide(self, view: StepView) -> Decision:
         reqs = view.requests
@@ -464,6 +479,7 @@ class AdaptiveController(SpecPolicy):
         tracker = self.tracker
         bp = self._base_index
         kbase = self.baseline_k(B) if bp >= 0 else 0
+        acc = self.acceptance
         (
             drafts,
             avail,
@@ -492,6 +508,10 @@ class AdaptiveController(SpecPolicy):
             self._hist_b,
             self._match_lut,
             self._alpha_table(),
+            acc.acc.reshape(-1, K),
+            acc.tri.reshape(-1, K),
+            acc.prior_a.reshape(-1, K),
+            acc.prior_b.reshape(-1, K),
             self._lam,
             P,
             K,
@@ -578,24 +598,25 @@ class AdaptiveController(SpecPolicy):
             ]
         else:
             feats = [[]] * N
-        # Baseline counterfactual for the safety rule: only rows that played something else (none
-        # when the decision is the baseline's, unless a probe changed it).
-        same_rows = tracker.register(
-            self.n_steps, slots, pos, drafts, ks, kb, choice_played, bp,
-            (same or played_base) and not probe,
-        )  # fmt: skip
+        # The baseline's counterfactual for the safety rule is registered when the step is observed
+        # (observe_step): only rows that played something else (none when the decision is the
+        # baseline's, unless a probe changed it).
         self._pending = {
             "step": self.n_steps,
             "index": dict(zip(req_ids, range(N), strict=True)),
             "slots": slots,
+            "pos": pos,
             "drafts": drafts,
             "avail": avail,
             "cells": cells,
+            "ks": ks,
+            "kb": kb,
+            "choice": choice_played,
+            "all_same": bool((same or played_base) and not probe),
             "batch_size": B,
             "sampled": sampled,
             "Vb": Vb,
             "alpha": alpha if self.record_calibration else None,
-            "same": same_rows,
         }
         self.n_steps += 1
         info = {"played_baseline": played_base, "probe": probe, "lambda": round(lam, 4)}
@@ -672,7 +693,7 @@ class AdaptiveController(SpecPolicy):
                 self._commit_rest(outcome)
             self._finish_released(outcome)
             return
-        rows_l, elens, flat, finished = _flatten(outcome, pend["index"])
+        rows_l, elens, flat, finished, done = _flatten(outcome, pend["index"])
         run_tokens = float(len(flat))
         # The safety rule compares the decided requests' tokens with the baseline's on them.
         self.guard.add_step(run_tokens, t)
@@ -681,7 +702,19 @@ class AdaptiveController(SpecPolicy):
         # Acceptance labels and histories; every row's committed tokens to the safety tracker (a
         # draft registered on an earlier step is resolved by the tokens committed after it, whatever
         # the request played since) and the baseline drafts they decide.
-        ri, pi, ones, zero, base_same, tracker.n_pending, r_steps, r_emitted = kern.observe_step(
+        tracker._reserve(len(pend["slots"]))
+        step = pend["step"]
+        (
+            ri,
+            pi,
+            ones,
+            zero,
+            base_same,
+            n_registered,
+            tracker.n_pending,
+            r_steps,
+            r_emitted,
+        ) = kern.observe_step(
             np.array(rows_l + elens + finished + flat, dtype=np.int64),
             len(rows_l),
             len(finished),
@@ -689,7 +722,13 @@ class AdaptiveController(SpecPolicy):
             pend["avail"],
             pend["cells"],
             pend["slots"],
-            pend["same"],
+            pend["pos"],
+            pend["ks"],
+            pend["kb"],
+            pend["choice"],
+            self._base_index,
+            pend["all_same"],
+            step,
             acc.acc.reshape(-1, K),
             acc.tri.reshape(-1, K),
             acc.discount,
@@ -704,9 +743,10 @@ class AdaptiveController(SpecPolicy):
             *tracker._pending_arrays(),
             tracker.n_pending,
         )
+        tracker.steps[step] = [0.0, float(n_registered), math.nan, 0.0, math.nan]
         if ri.size:
             acc.counts_changed()
-            if pend.get("alpha") is not None:
+            if pend["alpha"] is not None:
                 self._record_calibration(pend["alpha"], ri, pi, ones, zero)
         # The step's time under the baseline: measured + the table's difference.
         if math.isfinite(t) and t > 0:
@@ -714,18 +754,19 @@ class AdaptiveController(SpecPolicy):
             dt = self.cost.at(B, pend["Vb"], sampled) - self.cost.at(
                 B, outcome.num_verified_tokens, sampled
             )
-            tracker.set_step_times(pend["step"], max(t + dt, 1e-9), run_tokens, t, base_same)
+            tracker.set_step_times(step, max(t + dt, 1e-9), run_tokens, t, base_same)
         tracker.add_resolved(r_steps, r_emitted)
         for _, rec in tracker.complete():
             base_tokens, _, base_time, r_tokens, r_time = rec
             self.guard.add_resolved(base_tokens, base_time, r_tokens, r_time)
-        self._finish_released(outcome)
+        for rid in done:
+            self.release(rid)
 
     def _commit_rest(self, outcome: StepOutcome) -> None:
         """A rest step's committed tokens to the safety tracker: they resolve the baseline drafts
         registered before the rest, and keep each request's position in step."""
         tracker = self.tracker
-        slots, lens, flat, finished = _flatten(outcome, self._slot)
+        slots, lens, flat, finished, _ = _flatten(outcome, self._slot)
         if not slots:
             return
         tracker.commit_flat(

@@ -8,10 +8,10 @@ the machine code is kept next to this file or in Numba's user cache directory).
 
 Inside an engine every call also pays for caches that the forward pass left cold (tens of
 microseconds for a call's first touch of NumPy's or Numba's dispatch code), so the per-step path
-makes few calls: a decision is one :func:`decide_step` (scoring, allocation, the baseline's decision
-and the safety rule's terms) and one :func:`register_baseline`, an observation one
-:func:`observe_step` (acceptance labels, histories, the safety tracker), each fed by a single
-conversion of the caller's Python lists. The smaller kernels they are built from stay callable on
+makes one call each way: a decision is one :func:`decide_step` (posterior means, scoring, allocation,
+the baseline's decision and the safety rule's terms), an observation one :func:`observe_step` (the
+decision's baseline drafts registered, acceptance labels, histories, the safety tracker), each fed
+by a single conversion of the caller's Python lists. The smaller kernels they are built from stay callable on
 their own. :mod:`adaptive_spec.controller` and :mod:`adaptive_spec.safety` document the quantities;
 every kernel's docstring gives its shapes and dtypes. The kernels allocate only their outputs and
 never raise for well-formed inputs (the callers build them).
@@ -431,6 +431,10 @@ def decide_step(
     hist_b: np.ndarray,
     match_lut: np.ndarray,
     table: np.ndarray,
+    acc: np.ndarray,
+    tri: np.ndarray,
+    prior_a: np.ndarray,
+    prior_b: np.ndarray,
     lam: float,
     P: int,
     K: int,
@@ -457,7 +461,10 @@ def decide_step(
     curves at this batch size, mixed by ``sampled`` and scaled by ``load`` (:func:`_mixed_curve`);
     ``kbase``: the baseline's k at this batch size, ``bp`` its proposer (-1: none); ``premium`` >= 0:
     the allocation prices speculation at ``1 + premium`` times the curve's increase over ``V = 0``
-    (the predicted times returned stay the curve's). The other arguments are :func:`score`'s.
+    (the predicted times returned stay the curve's). ``table`` float64 [cells, K] is :func:`score`'s
+    acceptance table; an empty one (0 rows) stands for the posterior mean of the counts ``acc``,
+    ``tri``, ``prior_a``, ``prior_b`` (float64 [cells, K] each: :func:`posterior_mean`, computed
+    here). The other arguments are :func:`score`'s.
 
     Returns :func:`score`'s outputs but ``gains``, then ``ks`` int64 [N], ``V``, ``lam``, ``kb`` int64 [N],
     ``Vb``, ``same``, ``e_ctrl``, ``var_ctrl``, ``e_base``, ``t_pred`` (s, at ``V``), ``tb_pred``
@@ -474,6 +481,8 @@ def decide_step(
             hist[i, p] = hist_b[slots[i], p]
         if length[slots[i]] != pos[i]:
             n_stale += 1
+    if table.shape[0] == 0:
+        table = posterior_mean(acc, tri, prior_a, prior_b)
     drafts, avail, match, cells, alpha, gains, choice, g, v_max = score(
         parts, dlen, mlen, cap, temp, hist, match_lut, table, lam, P, K, n_temp, n_hist, n_match
     )
@@ -567,7 +576,13 @@ def observe_step(
     avail: np.ndarray,
     cells: np.ndarray,
     slots: np.ndarray,
-    same: np.ndarray,
+    pos: np.ndarray,
+    ks: np.ndarray,
+    kb: np.ndarray,
+    choice: np.ndarray,
+    bp: int,
+    all_same: bool,
+    step: int,
     acc: np.ndarray,
     tri: np.ndarray,
     discount: float,
@@ -586,15 +601,22 @@ def observe_step(
     p_draft: np.ndarray,
     n_p: int,
 ):
-    """One observation's arithmetic in one call: :func:`learn` on the decided rows that reported,
-    their committed tokens appended to the safety tracker (:func:`tracker_commit`) and the pending
-    baseline drafts they decide resolved (:func:`tracker_resolve`).
+    """One observation's arithmetic in one call: the decision's baseline drafts registered with the
+    safety tracker (:func:`register_baseline` for decision number ``step``, with ``pos``, ``ks``,
+    ``kb``, ``choice``, ``bp`` and ``all_same`` as it takes them; capacity for ``N`` more pending rows
+    checked by the caller), :func:`learn` on the decided rows that reported, their committed tokens
+    appended to the safety tracker (:func:`tracker_commit`) and the pending baseline drafts they
+    decide resolved (:func:`tracker_resolve`).
 
     ``ints`` int64: ``rows`` [n], ``lens`` [n] (as for :func:`learn`), ``finished_rows`` [n_fin]
     (decided rows whose request finished) and ``tok`` [sum(lens)], concatenated (one conversion
-    from the caller's lists); ``slots`` int64 [N] and ``same`` bool [N] (played the baseline's arm) of
-    the decision. Returns :func:`learn`'s four arrays, the tokens of the reporting rows that played
-    the baseline's arm, and :func:`tracker_resolve`'s ``(new count, steps, emitted)``."""
+    from the caller's lists); ``slots`` int64 [N] of the decision. Returns :func:`learn`'s four
+    arrays, the tokens of the reporting rows that played the baseline's arm, the number of rows
+    registered, and :func:`tracker_resolve`'s ``(new count, steps, emitted)``."""
+    n_p, count, same = register_baseline(
+        p_slot, p_pos, p_k, p_step, p_draft, n_p, step, slots, pos, drafts, ks, kb, choice, bp,
+        all_same,
+    )  # fmt: skip
     rows, lens = ints[:n], ints[n : 2 * n]
     finished_rows, tok = ints[2 * n : 2 * n + n_fin], ints[2 * n + n_fin :]
     rs = np.empty(n, dtype=np.int64)
@@ -618,7 +640,7 @@ def observe_step(
     n_p, steps, emitted = tracker_resolve(
         ring, length, p_slot, p_pos, p_k, p_step, p_draft, n_p, fin
     )
-    return ri, pi, ones, zero, base_same, n_p, steps, emitted
+    return ri, pi, ones, zero, base_same, count, n_p, steps, emitted
 
 
 _warm = False
@@ -700,6 +722,10 @@ def warm_up() -> None:
         np.zeros((N, P), dtype=i64),
         np.zeros((P, 64), dtype=i64),
         np.full((8, K), 0.5),
+        acc,
+        tri,
+        np.ones((8, K)),
+        np.ones((8, K)),
         0.0,
         P,
         K,
@@ -718,9 +744,7 @@ def warm_up() -> None:
     drafts, avail, cells, choice, ks, kb = out[0], out[1], out[3], out[5], out[8], out[11]
     pend = [np.zeros(4, dtype=i64) for _ in range(4)]
     p_draft = np.zeros((4, K), dtype=i64)
-    n, _, same = register_baseline(
-        *pend, p_draft, 0, 0, slots, pos, drafts, ks, kb, choice, 0, False
-    )
+    n, _, _ = register_baseline(*pend, p_draft, 0, 0, slots, pos, drafts, ks, kb, choice, 0, False)
     register_baseline(*pend, p_draft, n, 1, slots, pos, drafts, ks, kb, choice, 0, True)
     ring, length = np.zeros((N, 8), dtype=i64), np.zeros(N, dtype=i64)
     observe_step(
@@ -731,7 +755,13 @@ def warm_up() -> None:
         avail,
         cells,
         slots,
-        same,
+        pos,
+        ks,
+        kb,
+        choice,
+        0,
+        False,
+        2,
         acc,
         tri,
         0.99,

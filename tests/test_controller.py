@@ -345,11 +345,15 @@ def test_jacobi_shadow_rate_starts_low_when_a_prior_scored_it():
     sampled=st.sampled_from([0.0, 0.3, 1.0]),
     kbase=st.integers(0, 8),
     premium=st.sampled_from([0.0, 0.5, 1.0]),
+    from_counts=st.booleans(),
 )
-def test_fused_decision_kernel_equals_its_parts(n, p, k, seed, sampled, kbase, premium):
-    """``decide_step`` (one call per decision) gives exactly what scoring, the cost curve, the
-    allocation (over the curve with speculation priced at ``1 + premium`` times its cost) and the
-    safety rule's terms give one after another; the predicted times are the curve's."""
+def test_fused_decision_kernel_equals_its_parts(
+    n, p, k, seed, sampled, kbase, premium, from_counts
+):
+    """``decide_step`` (one call per decision) gives exactly what the posterior means (when it
+    is given counts instead of a table), scoring, the cost curve, the allocation (over the curve
+    with speculation priced at ``1 + premium`` times its cost) and the safety rule's terms give one
+    after another; the predicted times are the curve's."""
     from adaptive_spec import controller_kernels as kern
     from adaptive_spec.acceptance import N_HIST, N_MATCH, N_TEMP
     from adaptive_spec.cost_table import prior_table
@@ -367,7 +371,16 @@ def test_fused_decision_kernel_equals_its_parts(n, p, k, seed, sampled, kbase, p
     temp = rng.integers(0, 2, size=n).astype(np.int64)
     slots = rng.permutation(max(n, 16))[:n].astype(np.int64)
     hist_b = rng.integers(0, N_HIST, size=(max(n, 16), p)).astype(np.int64)
-    alpha_table = rng.uniform(0.0, 1.0, size=(p * N_TEMP * N_HIST * N_MATCH, k))
+    n_cells = p * N_TEMP * N_HIST * N_MATCH
+    tri = rng.uniform(0.0, 20.0, size=(n_cells, k))
+    acc = tri * rng.uniform(0.0, 1.0, size=(n_cells, k))
+    prior_a, prior_b = rng.uniform(0.1, 3.0, size=(2, n_cells, k))
+    if from_counts:
+        alpha_table = kern.posterior_mean(acc, tri, prior_a, prior_b)
+        given = np.zeros((0, k))
+    else:
+        alpha_table = rng.uniform(0.0, 1.0, size=(n_cells, k))
+        given = alpha_table
     lam = float(rng.uniform(0.0, 0.5))
     pos = rng.integers(0, 5, size=n).astype(np.int64)
     length = np.zeros(max(n, 16), dtype=np.int64)
@@ -377,8 +390,8 @@ def test_fused_decision_kernel_equals_its_parts(n, p, k, seed, sampled, kbase, p
     cg, cs, mix = ctrl.cost.part_curves(B, n * k, sampled)
     ints = np.concatenate([pos, cap, temp, dlen, mlen])
     got = kern.decide_step(
-        parts, ints, slots, hist_b, ctrl._match_lut, alpha_table, lam, p, k, N_TEMP, N_HIST,
-        N_MATCH, cg, cs, mix, ctrl.cost.load, kbase, bp, length, premium,
+        parts, ints, slots, hist_b, ctrl._match_lut, given, acc, tri, prior_a, prior_b, lam, p,
+        k, N_TEMP, N_HIST, N_MATCH, cg, cs, mix, ctrl.cost.load, kbase, bp, length, premium,
     )  # fmt: skip
     drafts, avail, match, cells, alpha, gains, choice, g, v_max = kern.score(
         parts, dlen, mlen, cap, temp, hist_b[slots], ctrl._match_lut, alpha_table, lam, p, k,
@@ -405,7 +418,8 @@ def test_fused_decision_kernel_equals_its_parts(n, p, k, seed, sampled, kbase, p
 @given(n=st.integers(1, 8), k=st.integers(1, 6), seed=st.integers(0, 100_000))
 def test_fused_observation_kernel_equals_its_parts(n, k, seed):
     """``observe_step`` (one call per observation) changes the counts, histories and the safety
-    tracker exactly as learning, committing and resolving one after another."""
+    tracker exactly as registering the decision's baseline drafts, learning, committing and
+    resolving one after another."""
     from adaptive_spec import controller_kernels as kern
     from adaptive_spec.safety import BaselineTracker
 
@@ -415,7 +429,12 @@ def test_fused_observation_kernel_equals_its_parts(n, k, seed):
     avail = rng.integers(0, k + 1, size=(n, P)).astype(np.int64)
     cells = rng.integers(0, 6, size=(n, P)).astype(np.int64)
     slots = rng.permutation(S)[:n].astype(np.int64)
-    same = rng.random(n) < 0.5
+    pos = np.zeros(n, dtype=np.int64)
+    ks = rng.integers(0, k + 1, size=n).astype(np.int64)
+    kb = np.where(rng.random(n) < 0.5, ks, rng.integers(0, k + 1, size=n)).astype(np.int64)
+    choice = rng.integers(0, P, size=n).astype(np.int64)
+    bp = int(rng.integers(-1, P))
+    all_same = bool(rng.random() < 0.2)
     rows = np.flatnonzero(rng.random(n) < 0.8).astype(np.int64)
     lens = rng.integers(1, k + 2, size=rows.size).astype(np.int64)
     tok = rng.integers(0, 3, size=int(lens.sum())).astype(np.int64)
@@ -431,11 +450,14 @@ def test_fused_observation_kernel_equals_its_parts(n, k, seed):
 
     acc, tri, hr, hn, hb, tr = state()
     ints = np.concatenate([rows, lens, fin, tok])
+    tr._reserve(n)
     out = kern.observe_step(
-        ints, rows.size, fin.size, drafts, avail, cells, slots, same, acc, tri, 0.99, hr, hn, hb,
-        0.3, 0.2, 0.6, tr.ring, tr.length, *tr._pending_arrays(), tr.n_pending,
+        ints, rows.size, fin.size, drafts, avail, cells, slots, pos, ks, kb, choice, bp, all_same,
+        n, acc, tri, 0.99, hr, hn, hb, 0.3, 0.2, 0.6, tr.ring, tr.length, *tr._pending_arrays(),
+        tr.n_pending,
     )  # fmt: skip
     acc2, tri2, hr2, hn2, hb2, tr2 = state()
+    same = tr2.register(n, slots, pos, drafts, ks, kb, choice, bp, all_same)
     want = kern.learn(rows, lens, tok, drafts, avail, cells, slots, acc2, tri2, 0.99, hr2, hn2, hb2,
                       0.3, 0.2, 0.6)  # fmt: skip
     tr2.commit_flat(slots[rows], lens, tok)
@@ -448,9 +470,12 @@ def test_fused_observation_kernel_equals_its_parts(n, k, seed):
     for a, b in zip(out[:4], want, strict=True):
         np.testing.assert_array_equal(a, b)
     assert out[4] == float(lens[same[rows]].sum())
-    assert out[5] == n_p
-    np.testing.assert_array_equal(out[6], steps)
-    np.testing.assert_array_equal(out[7], emitted)
+    assert out[5] == int(tr2.steps[n][1])
+    assert out[6] == n_p
+    np.testing.assert_array_equal(out[7], steps)
+    np.testing.assert_array_equal(out[8], emitted)
+    for a, b in zip(tr._pending_arrays(), tr2._pending_arrays(), strict=True):
+        np.testing.assert_array_equal(a[:n_p], b[:n_p])
     for a, b in ((acc, acc2), (tri, tri2), (hr, hr2), (hn, hn2), (hb, hb2)):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(tr.ring, tr2.ring)
