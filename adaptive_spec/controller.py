@@ -699,22 +699,21 @@ class AdaptiveController(SpecPolicy):
         self.guard.add_step(run_tokens, t)
         acc, tracker = self.acceptance, self.tracker
         K = self.max_k
-        # Acceptance labels and histories; every row's committed tokens to the safety tracker (a
-        # draft registered on an earlier step is resolved by the tokens committed after it, whatever
-        # the request played since) and the baseline drafts they decide.
+        # The step's time under the baseline: measured + the table's difference.
+        base_time = math.nan
+        if math.isfinite(t) and t > 0:
+            B = pend["batch_size"]
+            dt = self.cost.at(B, pend["Vb"], sampled) - self.cost.at(
+                B, outcome.num_verified_tokens, sampled
+            )
+            base_time = max(t + dt, 1e-9)
+        # One compiled call: the decision's baseline drafts registered; acceptance labels and
+        # histories; every row's committed tokens to the safety tracker (a draft registered on an
+        # earlier step is resolved by the tokens committed after it, whatever the request played
+        # since), the baseline drafts they decide, and the steps whose baseline counterfactual is
+        # complete counted by the safety rule.
         tracker._reserve(len(pend["slots"]))
-        step = pend["step"]
-        (
-            ri,
-            pi,
-            ones,
-            zero,
-            base_same,
-            n_registered,
-            tracker.n_pending,
-            r_steps,
-            r_emitted,
-        ) = kern.observe_step(
+        ri, pi, ones, zero, tracker.n_pending = kern.observe_step(
             np.array(rows_l + elens + finished + flat, dtype=np.int64),
             len(rows_l),
             len(finished),
@@ -728,7 +727,7 @@ class AdaptiveController(SpecPolicy):
             pend["choice"],
             self._base_index,
             pend["all_same"],
-            step,
+            pend["step"],
             acc.acc.reshape(-1, K),
             acc.tri.reshape(-1, K),
             acc.discount,
@@ -742,23 +741,18 @@ class AdaptiveController(SpecPolicy):
             tracker.length,
             *tracker._pending_arrays(),
             tracker.n_pending,
+            tracker.rec,
+            tracker.rec_step,
+            tracker.rec_bounds,
+            self.guard.resolved,
+            base_time,
+            run_tokens,
+            t,
         )
-        tracker.steps[step] = [0.0, float(n_registered), math.nan, 0.0, math.nan]
         if ri.size:
             acc.counts_changed()
             if pend["alpha"] is not None:
                 self._record_calibration(pend["alpha"], ri, pi, ones, zero)
-        # The step's time under the baseline: measured + the table's difference.
-        if math.isfinite(t) and t > 0:
-            B = pend["batch_size"]
-            dt = self.cost.at(B, pend["Vb"], sampled) - self.cost.at(
-                B, outcome.num_verified_tokens, sampled
-            )
-            tracker.set_step_times(step, max(t + dt, 1e-9), run_tokens, t, base_same)
-        tracker.add_resolved(r_steps, r_emitted)
-        for _, rec in tracker.complete():
-            base_tokens, _, base_time, r_tokens, r_time = rec
-            self.guard.add_resolved(base_tokens, base_time, r_tokens, r_time)
         for rid in done:
             self.release(rid)
 
@@ -777,9 +771,7 @@ class AdaptiveController(SpecPolicy):
         if tracker.n_pending:
             done = np.zeros(tracker.length.shape[0], dtype=np.bool_)
             done[finished] = True
-            for _, rec in tracker.resolve(done):
-                base_tokens, _, base_time, r_tokens, r_time = rec
-                self.guard.add_resolved(base_tokens, base_time, r_tokens, r_time)
+            tracker.resolve(done, into=self.guard.resolved)
 
     def _finish_released(self, outcome: StepOutcome) -> None:
         for o in outcome.requests:

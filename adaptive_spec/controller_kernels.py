@@ -29,9 +29,13 @@ __all__ = [
     "add_counts",
     "allocate",
     "decide_step",
+    "guard_add_resolved",
     "learn",
     "observe_step",
     "posterior_mean",
+    "records_complete",
+    "records_open",
+    "records_resolve",
     "register_baseline",
     "score",
     "tracker_add",
@@ -408,6 +412,88 @@ def tracker_resolve(
 
 
 @njit(cache=True)
+def guard_add_resolved(
+    resolved: np.ndarray, base_tokens: float, base_time: float, run_tokens: float, run_time: float
+) -> None:
+    """Count one step whose baseline counterfactual is fully resolved into ``resolved`` float64 [4]
+    (baseline tokens, baseline time, the run's tokens, the run's time; in place), unless a time is
+    missing (NaN), infinite or the baseline's is not positive."""
+    if np.isfinite(base_time) and base_time > 0 and np.isfinite(run_time):
+        resolved[0] += base_tokens
+        resolved[1] += base_time
+        resolved[2] += run_tokens
+        resolved[3] += run_time
+
+
+@njit(cache=True)
+def records_open(
+    rec: np.ndarray, rec_step: np.ndarray, bounds: np.ndarray, step: int, count: int
+) -> None:
+    """Open the record of decision ``step`` with ``count`` unresolved baseline drafts (in place).
+
+    ``rec`` float64 [R, 5]: per record [baseline tokens so far, unresolved drafts, baseline time,
+    the run's tokens, the run's time] (times NaN until known); ``rec_step`` int64 [R]: the step a row
+    holds (-1: free), row ``step % R``; ``bounds`` int64 [2]: the steps that may be open, ``[lo, hi)``.
+    A record still open ``R`` steps later is dropped (its times never came)."""
+    R = rec.shape[0]
+    i = step % R
+    rec_step[i] = step
+    rec[i, 0] = 0.0
+    rec[i, 1] = count
+    rec[i, 2] = np.nan
+    rec[i, 3] = 0.0
+    rec[i, 4] = np.nan
+    if step < bounds[0]:
+        bounds[0] = step
+    if step + 1 > bounds[1]:
+        bounds[1] = step + 1
+    if bounds[1] - bounds[0] > R:
+        bounds[0] = bounds[1] - R
+
+
+@njit(cache=True)
+def records_resolve(
+    rec: np.ndarray, rec_step: np.ndarray, steps: np.ndarray, emitted: np.ndarray
+) -> None:
+    """Count resolved baseline drafts (``steps`` / ``emitted`` int64 [m]: their decision and the
+    tokens the baseline would have committed with them) in their records (:func:`records_open`)."""
+    R = rec.shape[0]
+    for q in range(steps.shape[0]):
+        s = steps[q]
+        i = s % R
+        if rec_step[i] == s:
+            rec[i, 0] += emitted[q]
+            rec[i, 1] -= 1.0
+
+
+@njit(cache=True)
+def records_complete(
+    rec: np.ndarray, rec_step: np.ndarray, bounds: np.ndarray, resolved: np.ndarray
+):
+    """Close the records whose drafts are all resolved and whose times are known, oldest first:
+    each is counted into ``resolved`` (:func:`guard_add_resolved`) and its row freed (its values
+    stay readable until reused). Returns the closed steps, int64."""
+    R = rec.shape[0]
+    lo, hi = bounds[0], bounds[1]
+    done = np.empty(hi - lo, dtype=np.int64)
+    m = 0
+    new_lo = hi
+    for s in range(lo, hi):
+        i = s % R
+        if rec_step[i] != s:
+            continue
+        if rec[i, 1] <= 0 and not np.isnan(rec[i, 2]):
+            guard_add_resolved(resolved, rec[i, 0], rec[i, 2], rec[i, 3], rec[i, 4])
+            rec_step[i] = -1
+            done[m] = s
+            m += 1
+        elif new_lo == hi:
+            new_lo = s
+    bounds[0] = new_lo
+    return done[:m]
+
+
+@njit(cache=True)
 def _mixed_curve(curve_g: np.ndarray, curve_s: np.ndarray, sampled: float, load: float, n: int):
     """``load * ((1 - sampled) * curve_g + sampled * curve_s)`` over V = 0..n-1 (the greedy part alone
     when ``sampled <= 0``, the sampled part alone when ``sampled >= 1``), as
@@ -600,6 +686,13 @@ def observe_step(
     p_step: np.ndarray,
     p_draft: np.ndarray,
     n_p: int,
+    rec: np.ndarray,
+    rec_step: np.ndarray,
+    bounds: np.ndarray,
+    resolved: np.ndarray,
+    base_time: float,
+    run_tokens: float,
+    run_time: float,
 ):
     """One observation's arithmetic in one call: the decision's baseline drafts registered with the
     safety tracker (:func:`register_baseline` for decision number ``step``, with ``pos``, ``ks``,
@@ -610,13 +703,19 @@ def observe_step(
 
     ``ints`` int64: ``rows`` [n], ``lens`` [n] (as for :func:`learn`), ``finished_rows`` [n_fin]
     (decided rows whose request finished) and ``tok`` [sum(lens)], concatenated (one conversion
-    from the caller's lists); ``slots`` int64 [N] of the decision. Returns :func:`learn`'s four
-    arrays, the tokens of the reporting rows that played the baseline's arm, the number of rows
-    registered, and :func:`tracker_resolve`'s ``(new count, steps, emitted)``."""
+    from the caller's lists); ``slots`` int64 [N] of the decision.
+
+    The step's record (:func:`records_open`: ``rec``, ``rec_step``, ``bounds``) is opened with the
+    drafts registered; when ``base_time`` (s, the baseline's time on this step) is not NaN, the
+    record gets it, ``run_tokens`` and ``run_time`` (s), and the tokens of the reporting rows that
+    played the baseline's arm (NaN: the record is dropped, it could never count); the resolved drafts are counted in their records
+    (:func:`records_resolve`) and the complete records closed into ``resolved`` float64 [4]
+    (:func:`records_complete`). Returns :func:`learn`'s four arrays and the new pending count."""
     n_p, count, same = register_baseline(
         p_slot, p_pos, p_k, p_step, p_draft, n_p, step, slots, pos, drafts, ks, kb, choice, bp,
         all_same,
     )  # fmt: skip
+    records_open(rec, rec_step, bounds, step, count)
     rows, lens = ints[:n], ints[n : 2 * n]
     finished_rows, tok = ints[2 * n : 2 * n + n_fin], ints[2 * n + n_fin :]
     rs = np.empty(n, dtype=np.int64)
@@ -640,7 +739,17 @@ def observe_step(
     n_p, steps, emitted = tracker_resolve(
         ring, length, p_slot, p_pos, p_k, p_step, p_draft, n_p, fin
     )
-    return ri, pi, ones, zero, base_same, count, n_p, steps, emitted
+    i = step % rec.shape[0]
+    if np.isnan(base_time):  # no valid step time: the record could never count
+        rec_step[i] = -1
+    else:
+        rec[i, 0] += base_same
+        rec[i, 2] = base_time
+        rec[i, 3] = run_tokens
+        rec[i, 4] = run_time
+    records_resolve(rec, rec_step, steps, emitted)
+    records_complete(rec, rec_step, bounds, resolved)
+    return ri, pi, ones, zero, n_p
 
 
 _warm = False
@@ -711,7 +820,14 @@ def warm_up() -> None:
         np.ones(1, dtype=np.bool_),
     )
     tracker_commit(ring, length, np.zeros(1, dtype=i64), one, one)
-    tracker_resolve(ring, length, *pend, p_draft, n, np.zeros(0, dtype=np.bool_))
+    _, steps, emitted = tracker_resolve(
+        ring, length, *pend, p_draft, n, np.zeros(0, dtype=np.bool_)
+    )
+    rec, rec_step, bounds = np.zeros((8, 5)), np.full(8, -1, dtype=i64), np.zeros(2, dtype=i64)
+    records_open(rec, rec_step, bounds, 0, 1)
+    records_resolve(rec, rec_step, steps, emitted)
+    records_complete(rec, rec_step, bounds, np.zeros(4))
+    guard_add_resolved(np.zeros(4), 1.0, 0.1, 1.0, 0.1)
     # The fused per-step kernels, with the argument types the controller passes.
     slots, pos = np.arange(N, dtype=i64), np.zeros(N, dtype=i64)
     curve = np.array([1.0, 1.1, 1.2, 1.3, 1.4])
@@ -776,5 +892,12 @@ def warm_up() -> None:
         *pend,
         p_draft,
         n,
+        np.zeros((8, 5)),
+        np.full(8, -1, dtype=i64),
+        np.zeros(2, dtype=i64),
+        np.zeros(4),
+        0.05,
+        2.0,
+        0.05,
     )
     _warm = True

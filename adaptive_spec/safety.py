@@ -32,6 +32,9 @@ import numpy as np
 from adaptive_spec import controller_kernels as kern
 
 _NO_FINISHED = np.zeros(0, dtype=np.bool_)
+#: Decision records kept (row ``step % RECORDS``): a record still open this many decisions later is
+#: dropped (its step time never came).
+RECORDS = 4096
 
 
 class ConservativeGuard:
@@ -54,18 +57,38 @@ class ConservativeGuard:
         self.alpha = float(alpha)
         self.tokens = 0.0  # N: committed by the run
         self.time_s = 0.0  # T: measured
-        self.base_tokens = 0.0  # baseline tokens on resolved steps
-        self.base_time_s = 0.0  # baseline time on the same resolved steps
-        self.run_tokens_resolved = 0.0  # the run's tokens on those resolved steps
-        self.run_time_resolved = 0.0
+        # On the resolved steps: the baseline's tokens and time, the run's tokens and time (float64
+        # [4], summed in place by the compiled observation).
+        self.resolved = np.zeros(4)
         self.deviations = 0
         self.refusals = 0
         self.probes = 0
 
+    @property
+    def base_tokens(self) -> float:
+        """Baseline tokens on the resolved steps."""
+        return float(self.resolved[0])
+
+    @property
+    def base_time_s(self) -> float:
+        """Baseline time on the resolved steps (s)."""
+        return float(self.resolved[1])
+
+    @property
+    def run_tokens_resolved(self) -> float:
+        """The run's tokens on the resolved steps."""
+        return float(self.resolved[2])
+
+    @property
+    def run_time_resolved(self) -> float:
+        """The run's time on the resolved steps (s)."""
+        return float(self.resolved[3])
+
     def baseline_goodput(self, fallback: float) -> float:
         """The baseline's goodput on the resolved steps (tokens/s), ``fallback`` before any."""
-        if self.base_time_s > 0 and self.base_tokens > 0:
-            return self.base_tokens / self.base_time_s
+        tokens, time_s = self.resolved[0], self.resolved[1]
+        if time_s > 0 and tokens > 0:
+            return float(tokens / time_s)
         return fallback
 
     def slack(self, fallback_goodput: float) -> float:
@@ -94,12 +117,9 @@ class ConservativeGuard:
     def add_resolved(
         self, base_tokens: float, base_time_s: float, run_tokens: float, run_time_s: float
     ) -> None:
-        """Count one step whose baseline counterfactual is fully resolved."""
-        if math.isfinite(base_time_s) and base_time_s > 0 and math.isfinite(run_time_s):
-            self.base_tokens += base_tokens
-            self.base_time_s += base_time_s
-            self.run_tokens_resolved += run_tokens
-            self.run_time_resolved += run_time_s
+        """Count one step whose baseline counterfactual is fully resolved
+        (:func:`adaptive_spec.controller_kernels.guard_add_resolved`)."""
+        kern.guard_add_resolved(self.resolved, base_tokens, base_time_s, run_tokens, run_time_s)
 
     def ratio(self) -> float | None:
         """The run's goodput over the baseline's, on the resolved steps (None before any)."""
@@ -148,8 +168,26 @@ class BaselineTracker:
         # Pending drafts: the first ``n_pending`` rows of these arrays (grown by doubling).
         self.n_pending = 0
         self._alloc_pending(64)
-        # Per step: [baseline tokens so far, unresolved drafts, baseline time, run tokens, run time].
-        self.steps: dict[int, list[float]] = {}
+        # Per decision, row ``step % RECORDS``: [baseline tokens so far, unresolved drafts, baseline
+        # time, run tokens, run time] (:func:`adaptive_spec.controller_kernels.records_open`).
+        self.rec = np.zeros((RECORDS, 5))
+        self.rec_step = np.full(RECORDS, -1, dtype=np.int64)
+        self.rec_bounds = np.zeros(2, dtype=np.int64)  # the steps that may be open, [lo, hi)
+
+    def _open(self, step: int, count: int) -> None:
+        kern.records_open(self.rec, self.rec_step, self.rec_bounds, step, count)
+
+    def record(self, step: int) -> list[float] | None:
+        """The open record of decision ``step`` (a copy), None when it has none."""
+        i = step % RECORDS
+        return self.rec[i].tolist() if self.rec_step[i] == step else None
+
+    def open_steps(self) -> int:
+        """Decisions whose records are still open."""
+        lo, hi = self.rec_bounds.tolist()
+        return (
+            int((self.rec_step == np.arange(lo, hi)[:, None]).any(axis=1).sum()) if hi > lo else 0
+        )
 
     def _pending_arrays(self) -> tuple[np.ndarray, ...]:
         """The pending drafts' slot, position, k, step (int64 [capacity]) and draft (int64
@@ -189,10 +227,10 @@ class BaselineTracker:
         n = self.n_pending
         drop = self.p_slot[:n] == slot
         if drop.any():
-            for s in np.unique(self.p_step[:n][drop]):
-                rec = self.steps.get(int(s))
-                if rec is not None:
-                    rec[1] -= int((drop & (self.p_step[:n] == s)).sum())
+            for s in np.unique(self.p_step[:n][drop]).tolist():
+                i = s % RECORDS
+                if self.rec_step[i] == s:
+                    self.rec[i, 1] -= int((drop & (self.p_step[:n] == s)).sum())
             keep = np.flatnonzero(~drop)
             m = keep.size
             for arr in self._pending_arrays():
@@ -215,7 +253,7 @@ class BaselineTracker:
         n = len(slots)
         sel = np.ones(n, dtype=np.bool_) if rows is None else rows
         count = int(sel.sum()) if n else 0
-        self.steps[step] = [0.0, float(count), math.nan, 0.0, math.nan]
+        self._open(step, count)
         if count == 0:
             return
         self._reserve(count)
@@ -252,7 +290,7 @@ class BaselineTracker:
             *self._pending_arrays(), self.n_pending, step, slots, positions, drafts,
             ks, kb, choice, base_proposer, all_same,
         )  # fmt: skip
-        self.steps[step] = [0.0, float(count), math.nan, 0.0, math.nan]
+        self._open(step, count)
         return same
 
     def set_step_times(
@@ -265,8 +303,9 @@ class BaselineTracker:
     ) -> None:
         """Complete a step's record: the baseline's time on it, the run's tokens and time, and the
         baseline tokens already known (requests that played the baseline's own arm)."""
-        rec = self.steps.get(step)
-        if rec is not None:
+        i = step % RECORDS
+        if self.rec_step[i] == step:
+            rec = self.rec[i]
             rec[0] += base_tokens_known
             rec[2], rec[3], rec[4] = base_time_s, run_tokens, run_time_s
 
@@ -290,10 +329,14 @@ class BaselineTracker:
             np.ascontiguousarray(flat, dtype=np.int64),
         )
 
-    def resolve(self, finished: np.ndarray | None = None) -> list[tuple[int, list[float]]]:
+    def resolve(
+        self, finished: np.ndarray | None = None, into: np.ndarray | None = None
+    ) -> list[tuple[int, list[float]]]:
         """Resolve what the committed tokens decide. ``finished``: bool per slot (those requests
-        emit nothing more). Returns the steps completed now as ``(step, [baseline tokens, 0,
-        baseline time, run tokens, run time])``."""
+        emit nothing more); ``into``: a guard's ``resolved`` array (float64 [4]) that the completed
+        steps are counted into (:meth:`ConservativeGuard.add_resolved`). Returns the steps completed
+        now as ``(step, [baseline tokens, unresolved drafts (<= 0), baseline time, run tokens, run
+        time])``, oldest first."""
         if self.n_pending:
             self.n_pending, steps, emitted = kern.tracker_resolve(
                 self.ring,
@@ -304,28 +347,15 @@ class BaselineTracker:
                 if finished is None
                 else np.ascontiguousarray(finished, dtype=np.bool_),
             )
-            self.add_resolved(steps, emitted)
-        return self.complete()
+            kern.records_resolve(self.rec, self.rec_step, steps, emitted)
+        return self.complete(into)
 
-    def add_resolved(self, steps: np.ndarray, emitted: np.ndarray) -> None:
-        """Count resolved drafts (int64 [m] each: their step, the tokens the baseline would have
-        committed with them) in their steps' records."""
-        recs = self.steps
-        for s, e in zip(steps.tolist(), emitted.tolist(), strict=True):
-            rec = recs.get(s)
-            if rec is not None:
-                rec[0] += e
-                rec[1] -= 1
-
-    def complete(self) -> list[tuple[int, list[float]]]:
-        """Steps whose records are complete, removed and returned as in :meth:`resolve`."""
-        out = []
-        for s in [s for s, r in self.steps.items() if r[1] <= 0 and not math.isnan(r[2])]:
-            out.append((s, self.steps.pop(s)))
-        if len(self.steps) > 4096:  # steps whose times never came (a bug or a dropped step)
-            for s in sorted(self.steps)[:-1024]:
-                self.steps.pop(s)
-        return out
+    def complete(self, into: np.ndarray | None = None) -> list[tuple[int, list[float]]]:
+        """Close the complete records (:func:`adaptive_spec.controller_kernels.records_complete`),
+        counted into ``into`` when given; returned as in :meth:`resolve`."""
+        acc = np.zeros(4) if into is None else into
+        done = kern.records_complete(self.rec, self.rec_step, self.rec_bounds, acc)
+        return [(s, self.rec[s % RECORDS].tolist()) for s in done.tolist()]
 
     def pending(self) -> int:
         return self.n_pending

@@ -136,7 +136,7 @@ def test_release_and_no_leak():
             )
         )
     assert ctrl.num_tracked_requests() == 0
-    assert ctrl.tracker.pending() == 0 and len(ctrl.tracker.steps) <= 1
+    assert ctrl.tracker.pending() == 0 and ctrl.tracker.open_steps() <= 1
 
 
 def test_budget_caps_k():
@@ -448,34 +448,44 @@ def test_fused_observation_kernel_equals_its_parts(n, k, seed):
         return (np.zeros((6, k)), np.zeros((6, k)), np.zeros((S, P)), np.zeros((S, P)),
                 np.zeros((S, P), np.int64), tr)  # fmt: skip
 
+    base_time = float("nan") if rng.random() < 0.2 else float(rng.uniform(0.01, 0.1))
+    run_tokens, run_time = float(lens.sum()), 0.05
     acc, tri, hr, hn, hb, tr = state()
+    for i in range(n):  # the earlier decisions' times are known
+        tr.set_step_times(i, 0.02 * (i + 1), 1.0, 0.02)
+    resolved = np.zeros(4)
     ints = np.concatenate([rows, lens, fin, tok])
     tr._reserve(n)
     out = kern.observe_step(
         ints, rows.size, fin.size, drafts, avail, cells, slots, pos, ks, kb, choice, bp, all_same,
         n, acc, tri, 0.99, hr, hn, hb, 0.3, 0.2, 0.6, tr.ring, tr.length, *tr._pending_arrays(),
-        tr.n_pending,
+        tr.n_pending, tr.rec, tr.rec_step, tr.rec_bounds, resolved, base_time, run_tokens,
+        run_time,
     )  # fmt: skip
     acc2, tri2, hr2, hn2, hb2, tr2 = state()
+    for i in range(n):
+        tr2.set_step_times(i, 0.02 * (i + 1), 1.0, 0.02)
     same = tr2.register(n, slots, pos, drafts, ks, kb, choice, bp, all_same)
     want = kern.learn(rows, lens, tok, drafts, avail, cells, slots, acc2, tri2, 0.99, hr2, hn2, hb2,
                       0.3, 0.2, 0.6)  # fmt: skip
     tr2.commit_flat(slots[rows], lens, tok)
     f = np.zeros(tr2.ring.shape[0], dtype=bool)
     f[slots[fin]] = True
-    n_before = tr2.n_pending
-    n_p, steps, emitted = kern.tracker_resolve(
-        tr2.ring, tr2.length, *tr2._pending_arrays(), n_before, f
-    )
+    if base_time == base_time:  # the step's time known: its record gets it
+        tr2.set_step_times(n, base_time, run_tokens, run_time, float(lens[same[rows]].sum()))
+    resolved2 = np.zeros(4)
+    closed = tr2.resolve(f, into=resolved2)
+    if base_time != base_time:  # no valid step time: its record was dropped
+        assert tr.record(n) is None and all(s != n for s, _ in closed)
     for a, b in zip(out[:4], want, strict=True):
         np.testing.assert_array_equal(a, b)
-    assert out[4] == float(lens[same[rows]].sum())
-    assert out[5] == int(tr2.steps[n][1])
-    assert out[6] == n_p
-    np.testing.assert_array_equal(out[7], steps)
-    np.testing.assert_array_equal(out[8], emitted)
+    assert out[4] == tr2.n_pending
     for a, b in zip(tr._pending_arrays(), tr2._pending_arrays(), strict=True):
-        np.testing.assert_array_equal(a[:n_p], b[:n_p])
+        np.testing.assert_array_equal(a[: tr2.n_pending], b[: tr2.n_pending])
+    np.testing.assert_array_equal(resolved, resolved2)
+    for i in range(n + 1):
+        if i < n or base_time == base_time:
+            assert tr.record(i) == tr2.record(i)
     for a, b in ((acc, acc2), (tri, tri2), (hr, hr2), (hn, hn2), (hb, hb2)):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(tr.ring, tr2.ring)
