@@ -5,8 +5,7 @@ concurrency, untraced, with the adaptive controller and with a static n-gram arm
 ``--repeats`` times, greedy and sampled), and prints, per run, the step time, the controller overhead
 that ``AdaptiveSpec.stats()`` reports and the wall time spent per engine step in each hook and in the
 functions they call (cumulative: ``driver.decide`` contains ``ctrl.decide`` and the proposers,
-``ctrl.decide`` contains ``tracker.register``, ``ctrl.observe`` contains ``cost.update``, which
-contains ``cost.refresh``):
+``ctrl.observe`` contains ``cost.update``, which contains ``cost.refresh``):
 
 * ``_assign_drafts``: after a step, the next decision (``driver.decide``: the proposers' drafts,
   ``ctrl.decide``, cutting drafts to k);
@@ -37,7 +36,6 @@ TIMED = (
     ("adaptive_spec.controller", "AdaptiveController", "observe", "ctrl.observe"),
     ("adaptive_spec.cost_model", "StepCostModel", "update", "cost.update"),
     ("adaptive_spec.cost_model", "StepCostModel", "refresh", "cost.refresh"),
-    ("adaptive_spec.safety", "BaselineTracker", "register", "tracker.register"),
     ("adaptive_spec.proposers.ngram", "NgramProposer", "propose", "ngram.propose"),
     ("adaptive_spec.proposers.jacobi", "JacobiProposer", "propose", "jacobi.propose"),
     ("adaptive_spec.vllm.attach", "AdaptiveSpec", "_pre_update", "_pre_update"),
