@@ -184,10 +184,7 @@ class BaselineTracker:
 
     def open_steps(self) -> int:
         """Decisions whose records are still open."""
-        lo, hi = self.rec_bounds.tolist()
-        return (
-            int((self.rec_step == np.arange(lo, hi)[:, None]).any(axis=1).sum()) if hi > lo else 0
-        )
+        return int(np.count_nonzero(self.rec_step >= 0))  # a closed or dropped row holds -1
 
     def _pending_arrays(self) -> tuple[np.ndarray, ...]:
         """The pending drafts' slot, position, k, step (int64 [capacity]) and draft (int64
