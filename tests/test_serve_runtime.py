@@ -66,7 +66,9 @@ def test_runtime_on_engine_saves_loads_and_detaches(tiny_llm, tmp_path):
             p["request_steps"] for p in snap["proposers"].values()
         )
         assert set(snap["estimated_acceptance"]) == {"ngram", "jacobi"}
-        assert rt.max_serialise_s < 0.05
+        # Serialising on the engine thread is a small part of the work: relative to the run's own
+        # step time (about 1.5 ms against 0.27 s here; no absolute bound, a busy machine moves both).
+        assert 0 < rt.max_serialise_s < rt.spec.metrics.step_time_s
     finally:
         rt.close()
     for o in (core, core.scheduler):
