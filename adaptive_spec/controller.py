@@ -99,7 +99,6 @@ DECISION_FEATURES = (
 )
 DRAFT_FAMILY = ("draft",)
 _NO_TOKENS = np.zeros(0, dtype=np.int64)
-_NO_ROWS = np.zeros((0, 1))
 _JACOBI_RECENT = 256  # steps after Jacobi was last played during which it is shadowed at full rate
 
 
