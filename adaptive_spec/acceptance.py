@@ -116,15 +116,54 @@ class AcceptanceModel:
         self.shape = (P, N_TEMP, N_HIST, N_MATCH, max_k)
         first = np.full(max_k, PRIOR_LATER)
         first[0] = PRIOR_FIRST
-        self.prior_a = np.broadcast_to(prior_strength * first, self.shape).copy()
-        self.prior_b = np.broadcast_to(prior_strength * (1 - first), self.shape).copy()
-        self.acc = np.zeros(self.shape)
-        self.tri = np.zeros(self.shape)
         self._ncells = P * N_TEMP * N_HIST * N_MATCH
+        # acc, tri, prior_a, prior_b in one array (the properties below are views of it), and its
+        # [4, cells, max_k] view: what the controller's kernels take, one argument for all four.
+        self._counts = np.zeros((4, *self.shape))
+        self.counts4 = self._counts.reshape(4, self._ncells, max_k)
+        self.prior_a = prior_strength * first
+        self.prior_b = prior_strength * (1 - first)
         self._mean: np.ndarray | None = None
         self.n_updates = 0
         #: Proposers whose counts and prior came from a loaded state (a shipped prior or a saved run).
         self.loaded: frozenset[str] = frozenset()
+
+    # -- the counts (views of one array; assigning one copies into it) -------------------------------
+    @property
+    def acc(self) -> np.ndarray:
+        """Discounted accepted counts, float64 [P, N_TEMP, N_HIST, N_MATCH, max_k]."""
+        return self._counts[0]
+
+    @acc.setter
+    def acc(self, value: np.ndarray) -> None:
+        self._counts[0] = value
+
+    @property
+    def tri(self) -> np.ndarray:
+        """Discounted trials (judged positions), float64, the shape of :attr:`acc`."""
+        return self._counts[1]
+
+    @tri.setter
+    def tri(self, value: np.ndarray) -> None:
+        self._counts[1] = value
+
+    @property
+    def prior_a(self) -> np.ndarray:
+        """Beta prior pseudo-acceptances, float64, the shape of :attr:`acc`."""
+        return self._counts[2]
+
+    @prior_a.setter
+    def prior_a(self, value: np.ndarray) -> None:
+        self._counts[2] = value
+
+    @property
+    def prior_b(self) -> np.ndarray:
+        """Beta prior pseudo-rejections, float64, the shape of :attr:`acc`."""
+        return self._counts[3]
+
+    @prior_b.setter
+    def prior_b(self, value: np.ndarray) -> None:
+        self._counts[3] = value
 
     # -- indexing ---------------------------------------------------------------------------------
     def cell(self, p: np.ndarray, t: np.ndarray, h: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -179,8 +218,8 @@ class AcceptanceModel:
         ones = np.broadcast_to(np.asarray(n_ones, dtype=np.int64), cells.shape)
         zero = np.broadcast_to(np.asarray(n_zero, dtype=np.int64), cells.shape)
         add_counts(
-            self.acc.reshape(self._ncells, self.max_k),
-            self.tri.reshape(self._ncells, self.max_k),
+            self.counts4[0],
+            self.counts4[1],
             np.ascontiguousarray(cells),
             np.ascontiguousarray(ones),
             np.ascontiguousarray(zero),
@@ -250,6 +289,6 @@ class AcceptanceModel:
         mu = (self.acc + self.prior_a) / n
         w = np.minimum(n, strength)
         self.prior_a, self.prior_b = w * mu, w * (1 - mu)
-        self.acc = np.zeros(self.shape)
-        self.tri = np.zeros(self.shape)
+        self.acc = 0.0
+        self.tri = 0.0
         self._mean = None

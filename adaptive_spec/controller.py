@@ -289,6 +289,8 @@ class AdaptiveController(SpecPolicy):
         self._hist_rate = np.zeros((16, P))
         self._hist_n = np.zeros((16, P))
         self._hist_b = np.zeros((16, P), dtype=np.int64)  # history bucket, kept up to date
+        # The last decision's per-request arrays, written by decide_step and read by observe_step.
+        self._buf = kern.StepBuffers(P, max_k)
         # The last decision, kept for observe (per row of the decided batch).
         self._pending: dict[str, Any] | None = None
         self._lam = 0.0
@@ -386,8 +388,8 @@ class AdaptiveController(SpecPolicy):
             # Released between its decision and the observation (an abort): the baseline's draft
             # of it would never be resolved, so it is not registered.
             row = pend["index"][req_id]
-            pend["ks"][row] = 0
-            pend["kb"][row] = 0
+            self._buf.ints[row, self._buf.c_ks] = 0
+            self._buf.ints[row, self._buf.c_kb] = 0
         if s is not None:
             self.tracker.reset_slot(s, 0)
             self._free.append(s)
@@ -479,19 +481,12 @@ class AdaptiveController(SpecPolicy):
         bp = self._base_index
         kbase = self.baseline_k(B) if bp >= 0 else 0
         acc = self.acceptance
+        buf = self._buf
+        buf.ensure(N)
         (
-            drafts,
-            avail,
-            match,
-            cells,
-            alpha,
-            choice,
-            g,
             v_max,
-            ks,
             V,
             lam,
-            kb,
             Vb,
             same,
             e_ctrl,
@@ -507,10 +502,7 @@ class AdaptiveController(SpecPolicy):
             self._hist_b,
             self._match_lut,
             self._alpha_table(),
-            acc.acc.reshape(-1, K),
-            acc.tri.reshape(-1, K),
-            acc.prior_a.reshape(-1, K),
-            acc.prior_b.reshape(-1, K),
+            acc.counts4,
             self._lam,
             P,
             K,
@@ -525,7 +517,12 @@ class AdaptiveController(SpecPolicy):
             bp,
             tracker.length,
             self.speculation_premium,
+            buf.drafts,
+            buf.alpha,
+            buf.g,
+            buf.ints,
         )
+        bi = buf.ints
         if n_stale:  # a step we did not observe: resynchronise those requests
             stale = tracker.length[slots] != pos
             for i in np.flatnonzero(stale).tolist():
@@ -533,14 +530,15 @@ class AdaptiveController(SpecPolicy):
         # The safety rule: the baseline's decision when a deviation could break the constraint.
         played_base = False
         probe = False
-        choice_played = choice
         if not same:
             if math.isnan(tb_pred):
                 tb_pred = self.cost.at(B, Vb, sampled)
             lcb = max(float(N), e_ctrl - 2.0 * math.sqrt(var_ctrl))
             ucb_t = t_pred * math.exp(2.0 * self.cost.abs_log_residual)
             if not self.guard.allows(lcb, ucb_t, e_base / max(tb_pred, 1e-9)):
-                ks, choice_played, played_base, V = kb, np.full(N, bp), True, Vb
+                bi[:N, buf.c_ks] = bi[:N, buf.c_kb]
+                bi[:N, buf.c_played] = bp
+                played_base, V = True, Vb
         # Cost probes: the table is only corrected where steps are observed, so neither side of the
         # speculate / do-not-speculate boundary may go unmeasured for long; the interval starts at
         # 8 steps and doubles after each probe up to probe_every.
@@ -548,7 +546,9 @@ class AdaptiveController(SpecPolicy):
             self._steps_without_spec += 1
             self._steps_with_spec = 0
             if self._steps_without_spec >= self._probe_gap[0] and v_max > 0:
-                ks, choice_played, probe = self._probe(g), choice, True
+                bi[:N, buf.c_ks] = self._probe(buf.g[:N])
+                bi[:N, buf.c_played] = bi[:N, buf.c_choice]
+                probe = True
                 self._steps_without_spec = 0
                 self._probe_gap[0] = min(2 * self._probe_gap[0], self.probe_every)
         else:
@@ -557,7 +557,8 @@ class AdaptiveController(SpecPolicy):
             if self._steps_with_spec >= self._probe_gap[1]:
                 self._steps_with_spec = 0
                 if not self.cost.trusted(B, 0):
-                    ks, probe = np.zeros(N, dtype=np.int64), True
+                    bi[:N, buf.c_ks] = 0
+                    probe = True
                     self._probe_gap[1] = min(2 * self._probe_gap[1], self.probe_every)
         if probe:
             self.guard.probes += 1
@@ -567,11 +568,12 @@ class AdaptiveController(SpecPolicy):
                 self._rest_count = 0
         self._lam = lam
         table = self._arm_table
-        c_l, k_l = choice_played.tolist(), ks.tolist()
-        arms: list[Arm] = [table[c][k] for c, k in zip(c_l, k_l, strict=True)]
+        # (played proposer, played k) per request: adjacent columns, one conversion.
+        played = bi[:N, buf.c_played : buf.c_ks + 1].tolist()
+        arms: list[Arm] = [table[c][k] for c, k in played]
         propensities: list[float | None] = [None if self.exploration == "thompson" else 1.0] * N
         if self.exploration == "eps-greedy":
-            arms, propensities = self._eps_greedy(arms, avail)
+            arms, propensities = self._eps_greedy(arms, bi[:N, :P])
         # Which requests the engine should record target argmax rows for (Jacobi's next draft).
         # Only where the next Jacobi draft may be used: requests playing Jacobi now (its iterate
         # goes on), and one request-step in shadow_every to keep scoring it where nothing else does.
@@ -579,7 +581,7 @@ class AdaptiveController(SpecPolicy):
         jac = self._jacobi
         if jac >= 0:
             step, every = self.n_steps, self._shadow_interval()
-            plays = [c == jac and k > 0 for c, k in zip(c_l, k_l, strict=True)]
+            plays = [c == jac and k > 0 for c, k in played]
             if not probe and any(plays):  # a cost probe is no sign that Jacobi pays
                 self._jacobi_played_at = step
             argmax_wanted = [
@@ -587,9 +589,11 @@ class AdaptiveController(SpecPolicy):
             ]
         if self.log_features:
             rows = np.arange(N)
+            ks, g = bi[:N, buf.c_ks], buf.g[:N]
             exp_played = np.where(self._jpos[None, :] < ks[:, None], g, 0.0).sum(axis=1) + 1.0
-            cp = np.where(choice_played >= 0, choice_played, choice)
-            hb, mb = self._hist_b[slots, cp].tolist(), match[rows, cp].tolist()
+            cp = bi[:N, buf.c_played]
+            cp = np.where(cp >= 0, cp, bi[:N, buf.c_choice])
+            hb, mb = self._hist_b[slots, cp].tolist(), bi[rows, P + cp].tolist()
             flag = 1.0 if played_base else 0.0
             feats = [
                 [float(temp_l[i]), float(hb[i]), float(mb[i]), round(float(e), 4), flag]
@@ -599,23 +603,16 @@ class AdaptiveController(SpecPolicy):
             feats = [[]] * N
         # The baseline's counterfactual for the safety rule is registered when the step is observed
         # (observe_step): only rows that played something else (none when the decision is the
-        # baseline's, unless a probe changed it).
+        # baseline's, unless a probe changed it). The per-request arrays stay in self._buf.
         self._pending = {
             "step": self.n_steps,
             "index": dict(zip(req_ids, range(N), strict=True)),
-            "slots": slots,
-            "pos": pos,
-            "drafts": drafts,
-            "avail": avail,
-            "cells": cells,
-            "ks": ks,
-            "kb": kb,
-            "choice": choice_played,
+            "n": N,
             "all_same": bool((same or played_base) and not probe),
             "batch_size": B,
             "sampled": sampled,
             "Vb": Vb,
-            "alpha": alpha if self.record_calibration else None,
+            "calibrate": self.record_calibration,
         }
         self.n_steps += 1
         info = {"played_baseline": played_base, "probe": probe, "lambda": round(lam, 4)}
@@ -697,7 +694,6 @@ class AdaptiveController(SpecPolicy):
         # The safety rule compares the decided requests' tokens with the baseline's on them.
         self.guard.add_step(run_tokens, t)
         acc, tracker = self.acceptance, self.tracker
-        K = self.max_k
         # The step's time under the baseline: measured + the table's difference.
         base_time = math.nan
         if math.isfinite(t) and t > 0:
@@ -711,24 +707,20 @@ class AdaptiveController(SpecPolicy):
         # earlier step is resolved by the tokens committed after it, whatever the request played
         # since), the baseline drafts they decide, and the steps whose baseline counterfactual is
         # complete counted by the safety rule.
-        tracker._reserve(len(pend["slots"]))
-        ri, pi, ones, zero, tracker.n_pending = kern.observe_step(
+        N, buf = pend["n"], self._buf
+        tracker._reserve(N)
+        m, tracker.n_pending = kern.observe_step(
             np.array(rows_l + elens + finished + flat, dtype=np.int64),
             len(rows_l),
             len(finished),
-            pend["drafts"],
-            pend["avail"],
-            pend["cells"],
-            pend["slots"],
-            pend["pos"],
-            pend["ks"],
-            pend["kb"],
-            pend["choice"],
+            N,
+            buf.drafts,
+            buf.ints,
+            buf.learned,
             self._base_index,
             pend["all_same"],
             pend["step"],
-            acc.acc.reshape(-1, K),
-            acc.tri.reshape(-1, K),
+            acc.counts4,
             acc.discount,
             self._hist_rate,
             self._hist_n,
@@ -748,10 +740,11 @@ class AdaptiveController(SpecPolicy):
             run_tokens,
             t,
         )
-        if ri.size:
+        if m:
             acc.counts_changed()
-            if pend["alpha"] is not None:
-                self._record_calibration(pend["alpha"], ri, pi, ones, zero)
+            if pend["calibrate"]:
+                ri, pi, ones, zero = buf.learned[:, :m]
+                self._record_calibration(buf.alpha[:N], ri, pi, ones, zero)
         for rid in done:
             self.release(rid)
 

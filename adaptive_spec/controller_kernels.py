@@ -11,9 +11,12 @@ microseconds for a call's first touch of NumPy's or Numba's dispatch code), so t
 makes one call each way: a decision is one :func:`decide_step` (posterior means, scoring, allocation,
 the baseline's decision and the safety rule's terms), an observation one :func:`observe_step` (the
 decision's baseline drafts registered, acceptance labels, histories, the safety tracker), each fed
-by a single conversion of the caller's Python lists. The smaller kernels they are built from stay callable on
-their own. :mod:`adaptive_spec.controller` and :mod:`adaptive_spec.safety` document the quantities;
-every kernel's docstring gives its shapes and dtypes. The kernels allocate only their outputs and
+by a single conversion of the caller's Python lists. The two return scalars only: the decision's
+per-request arrays stay in a :class:`StepBuffers` the controller keeps, which the observation reads
+(returning an array costs a few microseconds of boxing with cold caches, taking one about one). The
+smaller kernels they are built from stay callable on their own. :mod:`adaptive_spec.controller` and
+:mod:`adaptive_spec.safety` document the quantities; every kernel's docstring gives its shapes and
+dtypes. The kernels allocate only their outputs (or write into the buffers they are given) and
 never raise for well-formed inputs (the callers build them).
 
 Floating-point sums run in the order a sequential loop gives, so results can differ from NumPy's
@@ -26,11 +29,13 @@ import numpy as np
 from numba import njit
 
 __all__ = [
+    "StepBuffers",
     "add_counts",
     "allocate",
     "decide_step",
     "guard_add_resolved",
     "learn",
+    "learn_into",
     "observe_step",
     "posterior_mean",
     "records_complete",
@@ -38,6 +43,7 @@ __all__ = [
     "records_resolve",
     "register_baseline",
     "score",
+    "score_into",
     "tracker_add",
     "tracker_commit",
     "tracker_resolve",
@@ -91,14 +97,50 @@ def score(
     chosen proposer's gains, ``-inf`` where not offered); v_max : int (finite entries of ``g``).
     """
     N = cap.shape[0]
-    drafts = np.full((N, P, K), -1, dtype=np.int64)
-    avail = np.zeros((N, P), dtype=np.int64)
-    match = np.zeros((N, P), dtype=np.int64)
-    cells = np.zeros((N, P), dtype=np.int64)
+    drafts = np.empty((N, P, K), dtype=np.int64)
+    avail = np.empty((N, P), dtype=np.int64)
+    match = np.empty((N, P), dtype=np.int64)
+    cells = np.empty((N, P), dtype=np.int64)
     alpha = np.empty((N, P, K))
-    gains = np.zeros((N, P, K))
-    choice = np.zeros(N, dtype=np.int64)
-    g = np.full((N, K), -np.inf)
+    gains = np.empty((N, P, K))
+    choice = np.empty(N, dtype=np.int64)
+    g = np.empty((N, K))
+    v_max = score_into(
+        parts, dlen, mlen, cap, temp, hist, match_lut, table, lam, P, K, n_temp, n_hist, n_match,
+        drafts, avail, match, cells, alpha, gains, choice, g,
+    )  # fmt: skip
+    return drafts, avail, match, cells, alpha, gains, choice, g, v_max
+
+
+@njit(cache=True)
+def score_into(
+    parts: np.ndarray,
+    dlen: np.ndarray,
+    mlen: np.ndarray,
+    cap: np.ndarray,
+    temp: np.ndarray,
+    hist: np.ndarray,
+    match_lut: np.ndarray,
+    table: np.ndarray,
+    lam: float,
+    P: int,
+    K: int,
+    n_temp: int,
+    n_hist: int,
+    n_match: int,
+    drafts: np.ndarray,
+    avail: np.ndarray,
+    match: np.ndarray,
+    cells: np.ndarray,
+    alpha: np.ndarray,
+    gains: np.ndarray,
+    choice: np.ndarray,
+    g: np.ndarray,
+) -> int:
+    """:func:`score` into caller-owned arrays (their first ``N`` rows; any strides): the per-step
+    path writes into buffers it keeps, so no output array is allocated and returned. Returns
+    ``v_max``."""
+    N = cap.shape[0]
     v_max = 0
     off = 0
     for i in range(N):
@@ -107,8 +149,8 @@ def score(
         bp = 0
         for p in range(P):
             n = dlen[i * P + p]
-            for j in range(n):
-                drafts[i, p, j] = parts[off + j]
+            for j in range(K):
+                drafts[i, p, j] = parts[off + j] if j < n else -1
             off += n
             a = min(n, c)
             avail[i, p] = a
@@ -129,14 +171,19 @@ def score(
                     val = cum - lam * (j + 1)
                     if val > vbest:
                         vbest = val
+                else:
+                    gains[i, p, j] = 0.0
             if vbest > best:
                 best = vbest
                 bp = p
         choice[i] = bp
-        for j in range(avail[i, bp]):
-            g[i, j] = gains[i, bp, j]
-            v_max += 1
-    return drafts, avail, match, cells, alpha, gains, choice, g, v_max
+        for j in range(K):
+            if j < avail[i, bp]:
+                g[i, j] = gains[i, bp, j]
+                v_max += 1
+            else:
+                g[i, j] = -np.inf
+    return v_max
 
 
 @njit(cache=True)
@@ -274,12 +321,39 @@ def learn(
     their committed tokens; ``drafts`` int64 [N, P, K], ``avail`` / ``cells`` int64 [N, P] and
     ``slots`` int64 [N] of the decision; ``hist_*`` [slots, P]. Returns the judged rows as
     ``(row, proposer, n_ones, n_zero)`` int64 arrays (for calibration reports)."""
+    out = np.empty((4, rows.shape[0] * drafts.shape[1]), dtype=np.int64)
+    m = learn_into(
+        rows, lens, tok, drafts, avail, cells, slots, acc, tri, discount, hist_rate, hist_n, hist_b,
+        ema, edge_low, edge_high, out,
+    )  # fmt: skip
+    return out[0, :m], out[1, :m], out[2, :m], out[3, :m]
+
+
+@njit(cache=True)
+def learn_into(
+    rows: np.ndarray,
+    lens: np.ndarray,
+    tok: np.ndarray,
+    drafts: np.ndarray,
+    avail: np.ndarray,
+    cells: np.ndarray,
+    slots: np.ndarray,
+    acc: np.ndarray,
+    tri: np.ndarray,
+    discount: float,
+    hist_rate: np.ndarray,
+    hist_n: np.ndarray,
+    hist_b: np.ndarray,
+    ema: float,
+    edge_low: float,
+    edge_high: float,
+    out: np.ndarray,
+) -> int:
+    """:func:`learn` with the judged rows written to ``out`` int64 [4, >= n * P] (rows: row,
+    proposer, n_ones, n_zero) instead of returned; returns how many there are."""
     n = rows.shape[0]
     P = drafts.shape[1]
-    out_r = np.empty(n * P, dtype=np.int64)
-    out_p = np.empty(n * P, dtype=np.int64)
-    out_1 = np.empty(n * P, dtype=np.int64)
-    out_0 = np.empty(n * P, dtype=np.int64)
+    out_r, out_p, out_1, out_0 = out[0], out[1], out[2], out[3]
     m = 0
     start = 0
     for r in range(n):
@@ -300,7 +374,7 @@ def learn(
                 m += 1
         start += L
     if m == 0:  # nothing judged: no update, no discount (as a step without labels)
-        return out_r[:0], out_p[:0], out_1[:0], out_0[:0]
+        return 0
     cl = np.empty(m, dtype=np.int64)
     for q in range(m):
         cl[q] = cells[out_r[q], out_p[q]]
@@ -313,7 +387,7 @@ def learn(
         hist_rate[s, p] = new
         hist_n[s, p] += 1.0
         hist_b[s, p] = 1 + (1 if new >= edge_low else 0) + (1 if new >= edge_high else 0)
-    return out_r[:m], out_p[:m], out_1[:m], out_0[:m]
+    return m
 
 
 @njit(cache=True)
@@ -509,6 +583,43 @@ def _mixed_curve(curve_g: np.ndarray, curve_s: np.ndarray, sampled: float, load:
     return t
 
 
+class StepBuffers:
+    """The per-step path's outputs, kept from one decision to its observation: :func:`decide_step`
+    writes them and :func:`observe_step` reads them, so neither allocates, returns or takes one array
+    per quantity (each costs microseconds of boxing when the caches are cold after a forward pass).
+
+    For ``P`` proposers and ``K`` positions, rows ``0..N-1`` of: ``drafts`` int64 [cap, P, K] (offered
+    drafts, -1 padded), ``alpha`` float64 [cap, P, K] (scored conditional acceptance), ``g`` float64
+    [cap, K] (the chosen proposer's gains, ``-inf`` where not offered) and ``ints`` int64
+    [cap, 3 P + 6] whose columns are ``avail`` [0, P), ``match`` [P, 2 P), ``cells`` [2 P, 3 P), then
+    the scored ``choice``, the baseline's ``kb``, the ``played`` proposer, the played ``ks``, the
+    requests' positions ``pos`` and their ``slots`` (:attr:`COLS`). ``learned`` int64 [4, cap * P]
+    receives :func:`learn_into`'s judged rows. Capacity doubles as batches grow (:meth:`ensure`)."""
+
+    COLS = ("choice", "kb", "played", "ks", "pos", "slots")
+
+    def __init__(self, P: int, K: int) -> None:
+        self.P, self.K, self.cap = int(P), int(K), 0
+        c = 3 * self.P
+        self.c_choice, self.c_kb, self.c_played, self.c_ks, self.c_pos, self.c_slots = range(
+            c, c + 6
+        )
+        self.ensure(16)
+
+    def ensure(self, n: int) -> None:
+        """Room for ``n`` requests (the contents are per step: not kept when growing)."""
+        if n <= self.cap:
+            return
+        cap = max(n, 2 * self.cap)
+        P, K = self.P, self.K
+        self.drafts = np.full((cap, P, K), -1, dtype=np.int64)
+        self.alpha = np.zeros((cap, P, K))
+        self.g = np.full((cap, K), -np.inf)
+        self.ints = np.zeros((cap, 3 * P + 6), dtype=np.int64)
+        self.learned = np.zeros((4, cap * P), dtype=np.int64)
+        self.cap = cap
+
+
 @njit(cache=True)
 def decide_step(
     parts: np.ndarray,
@@ -517,10 +628,7 @@ def decide_step(
     hist_b: np.ndarray,
     match_lut: np.ndarray,
     table: np.ndarray,
-    acc: np.ndarray,
-    tri: np.ndarray,
-    prior_a: np.ndarray,
-    prior_b: np.ndarray,
+    counts: np.ndarray,
     lam: float,
     P: int,
     K: int,
@@ -535,6 +643,10 @@ def decide_step(
     bp: int,
     length: np.ndarray,
     premium: float,
+    b_drafts: np.ndarray,
+    b_alpha: np.ndarray,
+    b_g: np.ndarray,
+    b_ints: np.ndarray,
 ):
     """One decision's arithmetic in one call: :func:`score`, :func:`allocate` over the step-cost
     curve, the baseline's k per request and :func:`guard_terms`.
@@ -548,30 +660,42 @@ def decide_step(
     ``kbase``: the baseline's k at this batch size, ``bp`` its proposer (-1: none); ``premium`` >= 0:
     the allocation prices speculation at ``1 + premium`` times the curve's increase over ``V = 0``
     (the predicted times returned stay the curve's). ``table`` float64 [cells, K] is :func:`score`'s
-    acceptance table; an empty one (0 rows) stands for the posterior mean of the counts ``acc``,
-    ``tri``, ``prior_a``, ``prior_b`` (float64 [cells, K] each: :func:`posterior_mean`, computed
+    acceptance table; an empty one (0 rows) stands for the posterior mean of ``counts`` float64
+    [4, cells, K], the acceptance model's ``acc``, ``tri``, ``prior_a`` and ``prior_b``
+    (:attr:`adaptive_spec.acceptance.AcceptanceModel.counts4`; :func:`posterior_mean`, computed
     here). The other arguments are :func:`score`'s.
 
-    Returns :func:`score`'s outputs but ``gains``, then ``ks`` int64 [N], ``V``, ``lam``, ``kb`` int64 [N],
-    ``Vb``, ``same``, ``e_ctrl``, ``var_ctrl``, ``e_base``, ``t_pred`` (s, at ``V``), ``tb_pred``
-    (s, at ``Vb``; NaN when ``Vb`` exceeds the offered tokens, for the caller to price) and the
-    number of requests whose slot is out of step with ``pos`` (to resynchronise).
+    The per-request results go to the first ``N`` rows of a :class:`StepBuffers`' ``drafts``,
+    ``alpha``, ``g`` and ``ints`` (``b_*``): :func:`score`'s ``drafts``, ``alpha``, ``g``,
+    ``avail``, ``match``, ``cells`` and ``choice``, the baseline's ``kb``, the allocation's ``ks``,
+    ``played`` (= ``choice``), ``pos`` and ``slots``. Returns ``v_max``, ``V``, ``lam``, ``Vb``,
+    ``same``, ``e_ctrl``, ``var_ctrl``, ``e_base``, ``t_pred`` (s, at ``V``), ``tb_pred`` (s, at
+    ``Vb``; NaN when ``Vb`` exceeds the offered tokens, for the caller to price) and the number of
+    requests whose slot is out of step with ``pos`` (to resynchronise).
     """
     N = slots.shape[0]
     pos, cap, temp = ints[:N], ints[N : 2 * N], ints[2 * N : 3 * N]
     dlen, mlen = ints[3 * N : 3 * N + N * P], ints[3 * N + N * P : 3 * N + 2 * N * P]
     hist = np.empty((N, P), dtype=np.int64)
     n_stale = 0
+    c0 = 3 * P  # StepBuffers.ints: choice, kb, played, ks, pos, slots
     for i in range(N):
         for p in range(P):
             hist[i, p] = hist_b[slots[i], p]
         if length[slots[i]] != pos[i]:
             n_stale += 1
+        b_ints[i, c0 + 4] = pos[i]
+        b_ints[i, c0 + 5] = slots[i]
     if table.shape[0] == 0:
-        table = posterior_mean(acc, tri, prior_a, prior_b)
-    drafts, avail, match, cells, alpha, gains, choice, g, v_max = score(
-        parts, dlen, mlen, cap, temp, hist, match_lut, table, lam, P, K, n_temp, n_hist, n_match
-    )
+        table = posterior_mean(counts[0], counts[1], counts[2], counts[3])
+    gains = np.empty((N, P, K))
+    choice = b_ints[:N, c0]
+    g = b_g[:N]
+    v_max = score_into(
+        parts, dlen, mlen, cap, temp, hist, match_lut, table, lam, P, K, n_temp, n_hist, n_match,
+        b_drafts[:N], b_ints[:N, :P], b_ints[:N, P : 2 * P], b_ints[:N, 2 * P : c0], b_alpha[:N],
+        gains, choice, g,
+    )  # fmt: skip
     t_curve = _mixed_curve(curve_g, curve_s, sampled, load, v_max + 1)
     if premium > 0.0:
         t_alloc = np.empty(v_max + 1)
@@ -584,23 +708,18 @@ def decide_step(
     Vb = 0
     if bp >= 0:
         for i in range(N):
-            kb[i] = min(kbase, avail[i, bp])
+            kb[i] = min(kbase, b_ints[i, bp])
             Vb += kb[i]
+    for i in range(N):
+        b_ints[i, c0 + 1] = kb[i]
+        b_ints[i, c0 + 2] = choice[i]
+        b_ints[i, c0 + 3] = ks[i]
     same, e_ctrl, var_ctrl, e_base = guard_terms(g, gains, ks, kb, choice, bp)
     tb_pred = t_curve[Vb] if Vb <= v_max else np.nan
     return (
-        drafts,
-        avail,
-        match,
-        cells,
-        alpha,
-        choice,
-        g,
         v_max,
-        ks,
         V,
         lam_new,
-        kb,
         Vb,
         same,
         e_ctrl,
@@ -658,19 +777,14 @@ def observe_step(
     ints: np.ndarray,
     n: int,
     n_fin: int,
-    drafts: np.ndarray,
-    avail: np.ndarray,
-    cells: np.ndarray,
-    slots: np.ndarray,
-    pos: np.ndarray,
-    ks: np.ndarray,
-    kb: np.ndarray,
-    choice: np.ndarray,
+    N: int,
+    b_drafts: np.ndarray,
+    b_ints: np.ndarray,
+    b_learned: np.ndarray,
     bp: int,
     all_same: bool,
     step: int,
-    acc: np.ndarray,
-    tri: np.ndarray,
+    counts: np.ndarray,
     discount: float,
     hist_rate: np.ndarray,
     hist_n: np.ndarray,
@@ -695,22 +809,32 @@ def observe_step(
     run_time: float,
 ):
     """One observation's arithmetic in one call: the decision's baseline drafts registered with the
-    safety tracker (:func:`register_baseline` for decision number ``step``, with ``pos``, ``ks``,
-    ``kb``, ``choice``, ``bp`` and ``all_same`` as it takes them; capacity for ``N`` more pending rows
-    checked by the caller), :func:`learn` on the decided rows that reported, their committed tokens
-    appended to the safety tracker (:func:`tracker_commit`) and the pending baseline drafts they
-    decide resolved (:func:`tracker_resolve`).
+    safety tracker (:func:`register_baseline` for decision number ``step``, with ``bp`` and
+    ``all_same`` as it takes them; capacity for ``N`` more pending rows checked by the caller),
+    :func:`learn` on the decided rows that reported, their committed tokens appended to the safety
+    tracker (:func:`tracker_commit`) and the pending baseline drafts they decide resolved
+    (:func:`tracker_resolve`).
 
-    ``ints`` int64: ``rows`` [n], ``lens`` [n] (as for :func:`learn`), ``finished_rows`` [n_fin]
-    (decided rows whose request finished) and ``tok`` [sum(lens)], concatenated (one conversion
-    from the caller's lists); ``slots`` int64 [N] of the decision.
+    The decision's ``N`` requests are the first rows of the :class:`StepBuffers` that
+    :func:`decide_step` wrote (``b_drafts``, ``b_ints``: drafts, avail, cells, played proposer,
+    played k, baseline k, positions and slots). ``ints`` int64: ``rows`` [n], ``lens`` [n] (as for
+    :func:`learn`), ``finished_rows`` [n_fin] (decided rows whose request finished) and ``tok``
+    [sum(lens)], concatenated (one conversion from the caller's lists). ``counts`` float64
+    [>= 2, cells, K]: the acceptance counts ``acc`` and ``tri`` (:func:`learn`'s), updated in place.
 
     The step's record (:func:`records_open`: ``rec``, ``rec_step``, ``bounds``) is opened with the
     drafts registered; when ``base_time`` (s, the baseline's time on this step) is not NaN, the
     record gets it, ``run_tokens`` and ``run_time`` (s), and the tokens of the reporting rows that
-    played the baseline's arm (NaN: the record is dropped, it could never count); the resolved drafts are counted in their records
-    (:func:`records_resolve`) and the complete records closed into ``resolved`` float64 [4]
-    (:func:`records_complete`). Returns :func:`learn`'s four arrays and the new pending count."""
+    played the baseline's arm (NaN: the record is dropped, it could never count); the resolved
+    drafts are counted in their records (:func:`records_resolve`) and the complete records closed
+    into ``resolved`` float64 [4] (:func:`records_complete`). :func:`learn`'s judged rows go to
+    ``b_learned`` (:func:`learn_into`). Returns how many rows were judged and the new pending
+    count."""
+    P = b_drafts.shape[1]
+    c0 = 3 * P  # StepBuffers.ints: choice, kb, played, ks, pos, slots
+    drafts, avail, cells = b_drafts[:N], b_ints[:N, :P], b_ints[:N, 2 * P : c0]
+    kb, choice, ks = b_ints[:N, c0 + 1], b_ints[:N, c0 + 2], b_ints[:N, c0 + 3]
+    pos, slots = b_ints[:N, c0 + 4], b_ints[:N, c0 + 5]
     n_p, count, same = register_baseline(
         p_slot, p_pos, p_k, p_step, p_draft, n_p, step, slots, pos, drafts, ks, kb, choice, bp,
         all_same,
@@ -724,9 +848,9 @@ def observe_step(
         rs[r] = slots[rows[r]]
         if same[rows[r]]:
             base_same += lens[r]
-    ri, pi, ones, zero = learn(
-        rows, lens, tok, drafts, avail, cells, slots, acc, tri, discount,
-        hist_rate, hist_n, hist_b, ema, edge_low, edge_high,
+    m = learn_into(
+        rows, lens, tok, drafts, avail, cells, slots, counts[0], counts[1], discount,
+        hist_rate, hist_n, hist_b, ema, edge_low, edge_high, b_learned,
     )  # fmt: skip
     if n:
         tracker_commit(ring, length, rs, lens, tok)
@@ -749,7 +873,7 @@ def observe_step(
         rec[i, 4] = run_time
     records_resolve(rec, rec_step, steps, emitted)
     records_complete(rec, rec_step, bounds, resolved)
-    return ri, pi, ones, zero, n_p
+    return m, n_p
 
 
 _warm = False
@@ -831,17 +955,16 @@ def warm_up() -> None:
     # The fused per-step kernels, with the argument types the controller passes.
     slots, pos = np.arange(N, dtype=i64), np.zeros(N, dtype=i64)
     curve = np.array([1.0, 1.1, 1.2, 1.3, 1.4])
-    out = decide_step(
+    buf = StepBuffers(P, K)
+    counts = np.ones((4, 8, K))
+    decide_step(
         np.ones(2, dtype=i64),
         np.array([0, 0, 9, 9, 0, 0, 2, 0, 0, 0], dtype=i64),
         slots,
         np.zeros((N, P), dtype=i64),
         np.zeros((P, 64), dtype=i64),
         np.full((8, K), 0.5),
-        acc,
-        tri,
-        np.ones((8, K)),
-        np.ones((8, K)),
+        counts,
         0.0,
         P,
         K,
@@ -856,10 +979,16 @@ def warm_up() -> None:
         0,
         np.zeros(N, dtype=i64),
         0.5,
+        buf.drafts,
+        buf.alpha,
+        buf.g,
+        buf.ints,
     )
-    drafts, avail, cells, choice, ks, kb = out[0], out[1], out[3], out[5], out[8], out[11]
     pend = [np.zeros(4, dtype=i64) for _ in range(4)]
     p_draft = np.zeros((4, K), dtype=i64)
+    # The tracker's own registration (its Python API), with contiguous arrays.
+    ks, kb, choice = np.ones(N, dtype=i64), np.zeros(N, dtype=i64), np.zeros(N, dtype=i64)
+    drafts = np.ones((N, P, K), dtype=i64)
     n, _, _ = register_baseline(*pend, p_draft, 0, 0, slots, pos, drafts, ks, kb, choice, 0, False)
     register_baseline(*pend, p_draft, n, 1, slots, pos, drafts, ks, kb, choice, 0, True)
     ring, length = np.zeros((N, 8), dtype=i64), np.zeros(N, dtype=i64)
@@ -867,19 +996,14 @@ def warm_up() -> None:
         np.array([0, 1, 0, 1], dtype=i64),
         1,
         1,
-        drafts,
-        avail,
-        cells,
-        slots,
-        pos,
-        ks,
-        kb,
-        choice,
+        N,
+        buf.drafts,
+        buf.ints,
+        buf.learned,
         0,
         False,
         2,
-        acc,
-        tri,
+        counts,
         0.99,
         np.zeros((N, P)),
         np.zeros((N, P)),

@@ -389,9 +389,14 @@ def test_fused_decision_kernel_equals_its_parts(
     B = n + int(rng.integers(0, 3))
     cg, cs, mix = ctrl.cost.part_curves(B, n * k, sampled)
     ints = np.concatenate([pos, cap, temp, dlen, mlen])
+    buf = kern.StepBuffers(p, k)
+    buf.ensure(n)
+    buf.ints[:] = -7  # stale contents of an earlier step must not leak into this one
+    buf.g[:] = 3.0
     got = kern.decide_step(
-        parts, ints, slots, hist_b, ctrl._match_lut, given, acc, tri, prior_a, prior_b, lam, p,
-        k, N_TEMP, N_HIST, N_MATCH, cg, cs, mix, ctrl.cost.load, kbase, bp, length, premium,
+        parts, ints, slots, hist_b, ctrl._match_lut, given, np.stack([acc, tri, prior_a, prior_b]),
+        lam, p, k, N_TEMP, N_HIST, N_MATCH, cg, cs, mix, ctrl.cost.load, kbase, bp, length,
+        premium, buf.drafts, buf.alpha, buf.g, buf.ints,
     )  # fmt: skip
     drafts, avail, match, cells, alpha, gains, choice, g, v_max = kern.score(
         parts, dlen, mlen, cap, temp, hist_b[slots], ctrl._match_lut, alpha_table, lam, p, k,
@@ -403,15 +408,28 @@ def test_fused_decision_kernel_equals_its_parts(
     kb = np.minimum(kbase, avail[:, bp]) if bp >= 0 else np.zeros(n, dtype=np.int64)
     Vb = int(kb.sum())
     same, e_ctrl, var, e_base = kern.guard_terms(g, gains, ks, kb, choice, bp)
-    want = [drafts, avail, match, cells, alpha, choice, g, v_max, ks, V, lam2, kb, Vb, same]
-    for a, b in zip(got[:14], want, strict=True):
+    bi = buf.ints[:n]
+    for a, b in (
+        (buf.drafts[:n], drafts),
+        (buf.alpha[:n], alpha),
+        (buf.g[:n], g),
+        (bi[:, :p], avail),
+        (bi[:, p : 2 * p], match),
+        (bi[:, 2 * p : 3 * p], cells),
+        (bi[:, buf.c_choice], choice),
+        (bi[:, buf.c_kb], kb),
+        (bi[:, buf.c_played], choice),
+        (bi[:, buf.c_ks], ks),
+        (bi[:, buf.c_pos], pos),
+        (bi[:, buf.c_slots], slots),
+    ):
         np.testing.assert_array_equal(a, b)
-    assert got[14:18] == (e_ctrl, var, e_base, t_curve[V])
+    assert got[:9] == (v_max, V, lam2, Vb, same, e_ctrl, var, e_base, t_curve[V])
     if Vb <= v_max:
-        assert got[18] == t_curve[Vb]
+        assert got[9] == t_curve[Vb]
     else:
-        assert np.isnan(got[18])
-    assert got[19] == int((length[slots] != pos).sum())
+        assert np.isnan(got[9])
+    assert got[10] == int((length[slots] != pos).sum())
 
 
 @settings(max_examples=40, deadline=None)
@@ -451,14 +469,23 @@ def test_fused_observation_kernel_equals_its_parts(n, k, seed):
     base_time = float("nan") if rng.random() < 0.2 else float(rng.uniform(0.01, 0.1))
     run_tokens, run_time = float(lens.sum()), 0.05
     acc, tri, hr, hn, hb, tr = state()
+    counts = np.stack([acc, tri])  # the acceptance counts as the controller passes them
+    acc, tri = counts[0], counts[1]
     for i in range(n):  # the earlier decisions' times are known
         tr.set_step_times(i, 0.02 * (i + 1), 1.0, 0.02)
     resolved = np.zeros(4)
     ints = np.concatenate([rows, lens, fin, tok])
     tr._reserve(n)
+    buf = kern.StepBuffers(P, k)
+    buf.ensure(n)
+    buf.drafts[:n] = drafts
+    bi = buf.ints
+    bi[:n, :P], bi[:n, 2 * P : 3 * P] = avail, cells
+    bi[:n, buf.c_kb], bi[:n, buf.c_played], bi[:n, buf.c_ks] = kb, choice, ks
+    bi[:n, buf.c_pos], bi[:n, buf.c_slots] = pos, slots
     out = kern.observe_step(
-        ints, rows.size, fin.size, drafts, avail, cells, slots, pos, ks, kb, choice, bp, all_same,
-        n, acc, tri, 0.99, hr, hn, hb, 0.3, 0.2, 0.6, tr.ring, tr.length, *tr._pending_arrays(),
+        ints, rows.size, fin.size, n, buf.drafts, buf.ints, buf.learned, bp, all_same,
+        n, counts, 0.99, hr, hn, hb, 0.3, 0.2, 0.6, tr.ring, tr.length, *tr._pending_arrays(),
         tr.n_pending, tr.rec, tr.rec_step, tr.rec_bounds, resolved, base_time, run_tokens,
         run_time,
     )  # fmt: skip
@@ -477,9 +504,10 @@ def test_fused_observation_kernel_equals_its_parts(n, k, seed):
     closed = tr2.resolve(f, into=resolved2)
     if base_time != base_time:  # no valid step time: its record was dropped
         assert tr.record(n) is None and all(s != n for s, _ in closed)
-    for a, b in zip(out[:4], want, strict=True):
+    assert out[0] == want[0].size
+    for a, b in zip(buf.learned[:, : out[0]], want, strict=True):
         np.testing.assert_array_equal(a, b)
-    assert out[4] == tr2.n_pending
+    assert out[1] == tr2.n_pending
     for a, b in zip(tr._pending_arrays(), tr2._pending_arrays(), strict=True):
         np.testing.assert_array_equal(a[: tr2.n_pending], b[: tr2.n_pending])
     np.testing.assert_array_equal(resolved, resolved2)
