@@ -78,7 +78,11 @@ def add_parser(sub: Any) -> None:
         "runs seconds apart; 0 turns them off",
     )
     p.add_argument(
-        "--prompts", type=_positive_int, default=None, help="prompts per cell (override)"
+        "--prompts",
+        type=_positive_int,
+        default=None,
+        help="prompts per cell (override; default: the grid's own per cell, and max(8, 2 x "
+        "concurrency) in a custom grid, so that each cell's batch fills)",
     )
     p.add_argument(
         "--max-tokens", type=_positive_int, default=None, help="output tokens per prompt (override)"
@@ -203,7 +207,7 @@ def build_plan(args: argparse.Namespace, draft: bool) -> tuple[list[Cell], str]:
             conc,
             temps,
             _csv(args.configs or "none,static:ngram:4,adaptive"),
-            args.prompts or 8,
+            args.prompts,
             args.max_tokens or 64,
             args.max_k,
         )

@@ -156,6 +156,10 @@ def test_custom_plan_product_and_hf_filter():
         assert c.configs[0] == "none"
         has_hf = any(x.startswith("hf-") for x in c.configs)
         assert has_hf == (c.concurrency == 1 and c.temperature == 0)
+    # Without a prompt count each cell gets enough prompts to fill its batch (twice its concurrency).
+    auto = custom_plan(["mixed"], [1, 4, 16], [0.0], ["static:ngram:2"], None, 16)
+    assert [c.prompts for c in auto] == [8, 8, 32]
+    assert all(c.prompts >= c.concurrency for c in auto)
     with pytest.raises(ValueError, match="workloads"):
         custom_plan([], [1], [0.0], ["none"], 1, 1)
     with pytest.raises(ValueError, match="config="):

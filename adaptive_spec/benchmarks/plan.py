@@ -367,12 +367,14 @@ def custom_plan(
     concurrencies: list[int],
     temperatures: list[float],
     configs: list[str],
-    prompts: int,
+    prompts: int | None,
     max_tokens: int,
     max_k: int = 8,
 ) -> list[Cell]:
     """The cartesian product of workloads, concurrencies and temperatures, each with ``configs``
-    (HF configurations are kept only in concurrency-1 greedy cells).
+    (HF configurations are kept only in concurrency-1 greedy cells). ``prompts=None`` gives each
+    cell ``max(8, 2 * concurrency)`` prompts, as the full grid does, so that its batch fills: with
+    fewer prompts than its concurrency a cell never runs at it.
 
     Raises
     ------
@@ -398,7 +400,8 @@ def custom_plan(
                     for x in _with_none(tuple(configs))
                     if parse_config(x, max_k).engine != "hf" or (c == 1 and t == 0)
                 )
-                cells.append(Cell(w, c, float(t), prompts, max_tokens, keep))
+                n = prompts if prompts is not None else max(8, 2 * c)
+                cells.append(Cell(w, c, float(t), n, max_tokens, keep))
     return cells
 
 
