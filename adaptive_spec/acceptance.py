@@ -120,7 +120,7 @@ class AcceptanceModel:
         # acc, tri, prior_a, prior_b in one array (the properties below are views of it), and its
         # [4, cells, max_k] view: what the controller's kernels take, one argument for all four.
         self._counts = np.zeros((4, *self.shape))
-        self.counts4 = self._counts.reshape(4, self._ncells, max_k)
+        self._counts4 = self._counts.reshape(4, self._ncells, max_k)
         self.prior_a = prior_strength * first
         self.prior_b = prior_strength * (1 - first)
         self._mean: np.ndarray | None = None
@@ -129,6 +129,15 @@ class AcceptanceModel:
         self.loaded: frozenset[str] = frozenset()
 
     # -- the counts (views of one array; assigning one copies into it) -------------------------------
+    @property
+    def counts4(self) -> np.ndarray:
+        """``acc``, ``tri``, ``prior_a``, ``prior_b`` as one float64 [4, cells, max_k] view (what the
+        controller's kernels take and update in place)."""
+        v = self._counts4
+        if v.base is not self._counts:  # a copy of this model (deepcopy, pickle) has its own arrays
+            v = self._counts4 = self._counts.reshape(4, self._ncells, self.max_k)
+        return v
+
     @property
     def acc(self) -> np.ndarray:
         """Discounted accepted counts, float64 [P, N_TEMP, N_HIST, N_MATCH, max_k]."""

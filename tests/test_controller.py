@@ -570,3 +570,21 @@ def test_a_rest_step_runs_no_proposer_and_no_decision_but_observes_the_outcome()
     policy.resting = False  # a regular step: the proposer runs and the decision is played
     dec = driver.decide([LiveRequest("a", 1, 15, 0.0), LiveRequest("b", 1, 15, 0.0)], batch_size=2)
     assert Counting.calls == 1 and dec.arms[0] == Arm("ngram", 2) and len(dec.drafts[0]) == 2
+
+
+def test_acceptance_counts_stay_one_array_in_a_copy():
+    """The acceptance counts the kernels update (``counts4``) are views of the model's own array,
+    in a deep copy too: learning through them reaches ``acc`` / ``tri`` and the copy does not share
+    the original's counts."""
+    import copy
+
+    from adaptive_spec.acceptance import AcceptanceModel
+
+    m = AcceptanceModel(["ngram"], 4)
+    m.acc = 1.0
+    c = copy.deepcopy(m)
+    c.counts4[0, 0, 0] += 2.0
+    c.counts4[1, 0, 0] += 5.0
+    assert c.acc.reshape(-1, 4)[0, 0] == 3.0 and c.tri.reshape(-1, 4)[0, 0] == 5.0
+    assert m.acc.reshape(-1, 4)[0, 0] == 1.0 and m.tri.reshape(-1, 4)[0, 0] == 0.0
+    assert np.shares_memory(m.counts4, m.acc) and not np.shares_memory(c.counts4, m.acc)
