@@ -144,7 +144,7 @@ class AcceptanceModel:
         return self._counts[0]
 
     @acc.setter
-    def acc(self, value: np.ndarray) -> None:
+    def acc(self, value: np.ndarray | float) -> None:
         self._counts[0] = value
 
     @property
@@ -153,7 +153,7 @@ class AcceptanceModel:
         return self._counts[1]
 
     @tri.setter
-    def tri(self, value: np.ndarray) -> None:
+    def tri(self, value: np.ndarray | float) -> None:
         self._counts[1] = value
 
     @property
@@ -162,7 +162,7 @@ class AcceptanceModel:
         return self._counts[2]
 
     @prior_a.setter
-    def prior_a(self, value: np.ndarray) -> None:
+    def prior_a(self, value: np.ndarray | float) -> None:
         self._counts[2] = value
 
     @property
@@ -171,7 +171,7 @@ class AcceptanceModel:
         return self._counts[3]
 
     @prior_b.setter
-    def prior_b(self, value: np.ndarray) -> None:
+    def prior_b(self, value: np.ndarray | float) -> None:
         self._counts[3] = value
 
     # -- indexing ---------------------------------------------------------------------------------
