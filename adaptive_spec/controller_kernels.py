@@ -593,10 +593,9 @@ class StepBuffers:
     [cap, K] (the chosen proposer's gains, ``-inf`` where not offered) and ``ints`` int64
     [cap, 3 P + 6] whose columns are ``avail`` [0, P), ``match`` [P, 2 P), ``cells`` [2 P, 3 P), then
     the scored ``choice``, the baseline's ``kb``, the ``played`` proposer, the played ``ks``, the
-    requests' positions ``pos`` and their ``slots`` (:attr:`COLS`). ``learned`` int64 [4, cap * P]
-    receives :func:`learn_into`'s judged rows. Capacity doubles as batches grow (:meth:`ensure`)."""
-
-    COLS = ("choice", "kb", "played", "ks", "pos", "slots")
+    requests' positions ``pos`` and their ``slots`` (column indices ``c_choice`` .. ``c_slots``).
+    ``learned`` int64 [4, cap * P] receives :func:`learn_into`'s judged rows. Capacity doubles as
+    batches grow (:meth:`ensure`)."""
 
     def __init__(self, P: int, K: int) -> None:
         self.P, self.K, self.cap = int(P), int(K), 0
