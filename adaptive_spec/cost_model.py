@@ -34,7 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from adaptive_spec.cost_table import StepCostTable, make_monotone, nearest_index, prior_table
+from adaptive_spec.cost_table import (
+    StepCostTable,
+    make_monotone,
+    nearest_index,
+    prior_table,
+    warm_up_isotonic,
+)
 
 #: Largest |log ratio| one observation may move the load factor by (a 1 s stall is not a new regime).
 MAX_LOG_RATIO = math.log(3.0)
@@ -103,6 +109,7 @@ class StepCostModel:
         self.n_refreshes = 0
         self._since_refresh = 0
         self.abs_log_residual = 0.05  # moving average of |log residual| after the load factor
+        warm_up_isotonic()  # the refresh's compiled regression, loaded before the first step
 
     def _reset_cells(self) -> None:
         # Per (batch size, sampled part), the table's curve over V = 0..n (grown by doubling): the
@@ -328,15 +335,7 @@ class StepCostModel:
             # The same shape correction for the greedy and the sampled part (module docstring).
             counts = (part.counts if part.counts is not None else np.zeros_like(w)) + w
             seconds = make_monotone(part.seconds * np.exp(corr), counts + 1.0, rows=changed)
-            return StepCostTable(
-                t.batch_sizes,
-                t.draft_tokens,
-                seconds,
-                counts=counts,
-                key=t.key,
-                source=source,
-                **extra,
-            )
+            return t.with_monotone(seconds, counts, source=source, **extra)
 
         self.table = corrected(
             t,

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy.optimize import isotonic_regression
 
 from adaptive_spec.cost_model import StepCostModel
-from adaptive_spec.cost_table import StepCostTable, make_monotone, prior_table
+from adaptive_spec.cost_table import StepCostTable, isotonic_rows, make_monotone, prior_table
 
 
 def true_cost(b: float, v: np.ndarray | float) -> np.ndarray | float:
@@ -69,6 +70,43 @@ def test_make_monotone_projects_any_table(vals, seed):
     assert (np.diff(m, axis=0) >= -1e-12).all() and (np.diff(m, axis=1) >= -1e-12).all()
     # a monotone table is left as it is
     assert np.allclose(make_monotone(m), m)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_isotonic_rows_equal_scipy_to_the_last_bit(seed):
+    # The compiled regression runs SciPy's algorithm (ties pooled): each row with a strict decrease
+    # equals scipy.optimize.isotonic_regression exactly; every other row is left untouched.
+    rng = np.random.default_rng(seed)
+    for _ in range(300):
+        m, n = int(rng.integers(1, 6)), int(rng.integers(2, 25))
+        t = rng.normal(size=(m, n)).cumsum(axis=1) * rng.choice([0.01, 1.0, 3.0])
+        if rng.random() < 0.4:
+            t = np.round(t, 1)  # ties inside and beside the violations
+        w = np.ones((m, n)) if rng.random() < 0.3 else rng.uniform(1e-3, 5.0, size=(m, n))
+        rows = np.flatnonzero(rng.random(m) < 0.7).astype(np.int64)
+        want = t.copy()
+        for i in rows:
+            if (np.diff(t[i]) < 0).any():
+                want[i] = isotonic_regression(t[i], weights=w[i], increasing=True).x
+        got = t.copy()
+        isotonic_rows(got, w, rows)
+        assert np.array_equal(got, want)
+
+
+def test_refreshed_table_is_what_the_constructor_would_build():
+    # The refresh builds its tables without validating them again: they must be valid tables.
+    m = StepCostModel(measured_table(0.05), refresh_every=4)
+    rng = np.random.default_rng(0)
+    for _ in range(64):
+        b, v = int(rng.choice([4, 16])), int(rng.choice([0, 3, 8, 20]))
+        m.update(b, v, float(true_cost(b, v)) * float(np.exp(rng.normal(0.2, 0.2))))
+    assert m.n_refreshes > 0
+    t = m.table
+    rebuilt = StepCostTable(
+        t.batch_sizes, t.draft_tokens, t.seconds, counts=t.counts, key=t.key, source=t.source
+    )
+    assert np.array_equal(rebuilt.seconds, t.seconds) and np.array_equal(rebuilt.counts, t.counts)
+    assert t.source.endswith("learned") and t.curve(16, 20).shape == (21,)
 
 
 def test_roundtrip_and_refusals():
