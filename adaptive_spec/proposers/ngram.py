@@ -117,29 +117,35 @@ class NgramProposer(Proposer):
     def propose(self, requests: Sequence[ProposalRequest], ks: Sequence[int]) -> list[np.ndarray]:
         """Prompt-lookup drafts per request (see :meth:`Proposer.propose`)."""
         kl = check_ks(requests, ks)
-        caps = [draft_cap(r, k, self.max_k) for r, k in zip(requests, kl, strict=True)]
         self._matched = {}
         if self.backend == "numpy":
             out = []
             matched = self._matched
-            args = (self.min_n, self.max_n, self.window)
-            for r, c in zip(requests, caps, strict=True):
-                if c <= 0:
-                    out.append(EMPTY)
-                    continue
-                toks = r.token_ids
+            max_k, min_n, max_n, window = self.max_k, self.min_n, self.max_n, self.window
+            for r, k in zip(requests, kl, strict=True):
+                toks, vocab, budget = r.token_ids, r.vocab_size, r.max_new_tokens
                 if (
-                    _lookup_ready(toks)
-                    and type(r.vocab_size) is int
-                    and 0 <= r.vocab_size <= _INT64_MAX
+                    type(budget) is int
+                    and type(vocab) is int
+                    and 0 <= vocab <= _INT64_MAX
+                    and _lookup_ready(toks)
                 ):  # the step driver's requests: straight to the compiled lookup
-                    d, n = ngram_draft(toks, c, *args, r.vocab_size)
+                    c = min(k, max_k, budget - 1)
+                    if c <= 0:
+                        out.append(EMPTY)
+                        continue
+                    d, n = ngram_draft(toks, c, min_n, max_n, window, vocab)
                     matched[id(r)] = (r, toks.size, n)
                 else:
-                    d, n = self._one(r, c, as_int(r.vocab_size))
+                    c = draft_cap(r, k, max_k)
+                    if c <= 0:
+                        out.append(EMPTY)
+                        continue
+                    d, n = self._one(r, c, as_int(vocab))
                     matched[id(r)] = (r, _length(toks), n)
                 out.append(d)
             return out
+        caps = [draft_cap(r, k, self.max_k) for r, k in zip(requests, kl, strict=True)]
         vocab = [as_int(r.vocab_size) for r in requests]
         raw = self._batched(requests, caps)
         return [clean_draft(d, c, v) for d, c, v in zip(raw, caps, vocab, strict=True)]
