@@ -825,38 +825,44 @@ class AdaptiveSpec:
     # -- scheduler side -----------------------------------------------------------------------
     def _pre_update(self, so: Any, mro: Any) -> dict[str, Any]:
         t0 = time.perf_counter()
+        requests = self.scheduler.requests
+        spec_tokens = so.scheduled_spec_decode_tokens
+        # One pass over the scheduled requests: each one's request object and committed output count
+        # before the update, and the prompt tokens computed this step (scheduled tokens beyond one
+        # decode token plus the drafts).
         reqs = {}
-        for rid in so.num_scheduled_tokens:
-            r = self.scheduler.requests.get(rid)
+        prefill = 0
+        for rid, n in so.num_scheduled_tokens.items():
+            r = requests.get(rid)
             if r is not None:
                 reqs[rid] = (r, r.num_output_tokens)
+            d = spec_tokens.get(rid)
+            extra = n - 1 - (len(d) if d else 0)
+            if extra > 0:
+                prefill += extra
+        # Per request with drafts: rows verified, the draft tokens among them (vLLM pads a newly
+        # admitted request whose prompt is cached but for one token with placeholder drafts (-1) that
+        # no proposer made; the step computes those rows (the cost model counts them), but they are
+        # not draft tokens (the metrics and the controller do not)), and vLLM's accepted count.
         sampled = mro.sampled_token_ids
         index = mro.req_id_to_index
-        accepted = {}
-        for rid in so.scheduled_spec_decode_tokens:
-            i = index.get(rid)
-            if i is not None and sampled:
-                accepted[rid] = max(len(sampled[i]) - 1, 0)
-        spec_tokens = so.scheduled_spec_decode_tokens
-        # Rows verified per request, and the draft tokens among them: vLLM pads a newly admitted
-        # request whose prompt is cached but for one token with placeholder drafts (-1) that no
-        # proposer made; the step computes those rows (the cost model counts them), but they are
-        # not draft tokens (the metrics and the controller do not).
         drafted = {}
+        accepted = {}
+        verified = 0
         for rid, d in spec_tokens.items():
             n = len(d)
+            verified += n
             if n and d[-1] < 0:
                 n = sum(1 for t in d if t >= 0)
             drafted[rid] = n
+            i = index.get(rid)
+            if i is not None and sampled:
+                accepted[rid] = max(len(sampled[i]) - 1, 0)
         pre = {
             "reqs": reqs,
-            "spec": {rid: len(d) for rid, d in spec_tokens.items()},
+            "verified": verified,
             "drafted": drafted,
-            # Prompt tokens computed this step: scheduled tokens beyond one decode token plus the drafts.
-            "prefill": sum(
-                max(n - 1 - len(spec_tokens.get(rid, ())), 0)
-                for rid, n in so.num_scheduled_tokens.items()
-            ),
+            "prefill": prefill,
             "accepted": accepted,
             "argmax": self._argmax,
         }
@@ -876,13 +882,12 @@ class AdaptiveSpec:
             start = self._t_schedule if self._t_schedule is not None else tau
             step_time = (tau - start) + self._post_prev_s
         if self._calib is not None:
-            self._calib.record(
-                len(pre["reqs"]), sum(pre["spec"].values()), pre["prefill"], step_time
-            )
+            self._calib.record(len(pre["reqs"]), pre["verified"], pre["prefill"], step_time)
             self._hook_s = 0.0
             return
         driver = self.driver
         verified: list[VerifiedRequest] = []
+        drafted_of, accepted_of, argmax_of = pre["drafted"], pre["accepted"], pre["argmax"]
         for rid, (r, n_before) in pre["reqs"].items():
             if not driver.has_request(rid):
                 cat = None
@@ -900,12 +905,12 @@ class AdaptiveSpec:
                     category=cat,
                 )
             emitted = list(r.output_token_ids[n_before:])
-            drafted = pre["drafted"].get(rid, 0)
+            drafted = drafted_of.get(rid, 0)
             # Committed accepted draft tokens: a stop token or a length limit inside an accepted chunk
             # cuts the raw count (vLLM's sampled tokens) to what was emitted.
-            acc = min(pre["accepted"].get(rid, 0), drafted, len(emitted))
+            acc = min(accepted_of.get(rid, 0), drafted, len(emitted))
             verified.append(
-                VerifiedRequest(rid, drafted, acc, emitted, r.is_finished(), pre["argmax"].get(rid))
+                VerifiedRequest(rid, drafted, acc, emitted, r.is_finished(), argmax_of.get(rid))
             )
         if self.lora is not None:
             for rid in [rid for rid, (r, _) in pre["reqs"].items() if r.is_finished()]:
@@ -916,7 +921,7 @@ class AdaptiveSpec:
             verified,
             step_time_s=step_time,
             batch_size=len(pre["reqs"]),
-            num_verified_tokens=sum(pre["spec"].values()),
+            num_verified_tokens=pre["verified"],
             num_prefill_tokens=pre["prefill"],
             queue_len=len(self.scheduler.waiting),
             start_time=self._t_schedule or tau,
