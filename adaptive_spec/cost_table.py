@@ -164,8 +164,12 @@ def make_monotone(
         if weights is None
         else np.maximum(np.asarray(weights, dtype=np.float64), 1e-3)  # a new, writable array
     )
-    idx = np.arange(t.shape[0]) if rows is None else np.asarray(rows, dtype=np.int64).reshape(-1)
-    isotonic_rows(t, w, idx.astype(np.int64, copy=False))
+    idx = (
+        np.arange(t.shape[0], dtype=np.int64)
+        if rows is None
+        else np.asarray(rows, dtype=np.int64).reshape(-1)
+    )
+    isotonic_rows(t, w, idx)
     return np.maximum.accumulate(t, axis=0)
 
 
