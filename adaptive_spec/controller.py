@@ -58,9 +58,10 @@ resolved as the committed tokens arrive.
 Weak arms cost little: Jacobi drafts need the target's argmax at verified positions, so the controller
 asks the engine for those rows (``Decision.argmax_wanted``) only for the requests that play Jacobi now
 (their iterate goes on), plus a shadow sample of one request-step in ``shadow_every`` that keeps
-scoring it elsewhere (one in ``8 * shadow_every`` once it has not been played for 256 steps, and from
-the start when a shipped prior or a loaded state already scored it: the rows cost about 0.5 ms of
-bfloat16 argmax over the vocabulary on 2 CPU cores).
+scoring it elsewhere (one in ``8 * shadow_every`` once no request that played it has had a draft token
+accepted for 256 steps, and from the start when a shipped prior or a loaded state already scored it:
+the rows cost about 0.2-0.5 ms of bfloat16 argmax over the vocabulary on 2 CPU cores, and Jacobi's own
+drafting about 0.05 ms per request).
 Jacobi drafts exist only where such rows were recorded.
 """
 
@@ -99,7 +100,12 @@ DECISION_FEATURES = (
 )
 DRAFT_FAMILY = ("draft",)
 _NO_TOKENS = np.zeros(0, dtype=np.int64)
-_JACOBI_RECENT = 256  # steps after Jacobi was last played during which it is shadowed at full rate
+_JACOBI_RECENT = 256  # steps after Jacobi last paid during which it is shadowed at full rate
+# Jacobi pays while the acceptance rate of its played draft tokens (a moving average over the steps
+# that play it, weight _JACOBI_RATE_WEIGHT) is at least this: about half the n-gram proposer's rate on
+# the embedded default, several times Jacobi's own there.
+_JACOBI_PAYS_RATE = 0.2
+_JACOBI_RATE_WEIGHT = 0.1
 
 
 def _is_draft_family(p: str) -> bool:
@@ -282,8 +288,10 @@ class AdaptiveController(SpecPolicy):
         # Per-request slots.
         self._slot: dict[str, int] = {}
         self._free: list[int] = []
-        # The last step on which a request played Jacobi (None: not yet; see _shadow_interval).
-        self._jacobi_played_at: int | None = None
+        # The last step on which Jacobi paid (None: not yet) and the moving acceptance rate of its
+        # played draft tokens (see _shadow_interval).
+        self._jacobi_paid_at: int | None = None
+        self._jacobi_rate = 0.0
         self._last_ids: list[str] | None = None  # the last decision's requests and their slots
         self._last_slots = np.zeros(0, dtype=np.int64)
         self._hist_rate = np.zeros((16, P))
@@ -579,11 +587,13 @@ class AdaptiveController(SpecPolicy):
         # goes on), and one request-step in shadow_every to keep scoring it where nothing else does.
         argmax_wanted = None
         jac = self._jacobi
+        jacobi_played = False
         if jac >= 0:
             step, every = self.n_steps, self._shadow_interval()
             plays = [c == jac and k > 0 for c, k in played]
-            if not probe and any(plays):  # a cost probe is no sign that Jacobi pays
-                self._jacobi_played_at = step
+            # Whether Jacobi paid is read from this step's outcome (observe); a cost probe is no
+            # sign that it does.
+            jacobi_played = not probe and any(plays)
             argmax_wanted = [
                 p or (s + step) % every == 0 for s, p in zip(slots.tolist(), plays, strict=True)
             ]
@@ -613,6 +623,7 @@ class AdaptiveController(SpecPolicy):
             "sampled": sampled,
             "Vb": Vb,
             "calibrate": self.record_calibration,
+            "jacobi_played": jacobi_played,
         }
         self.n_steps += 1
         info = {"played_baseline": played_base, "probe": probe, "lambda": round(lam, 4)}
@@ -740,6 +751,8 @@ class AdaptiveController(SpecPolicy):
             run_tokens,
             t,
         )
+        if pend["jacobi_played"]:
+            self._jacobi_outcome(outcome, pend["step"])
         if m:
             acc.counts_changed()
             if pend["calibrate"]:
@@ -747,6 +760,19 @@ class AdaptiveController(SpecPolicy):
                 self._record_calibration(buf.alpha[:N], ri, pi, ones, zero)
         for rid in done:
             self.release(rid)
+
+    def _jacobi_outcome(self, outcome: StepOutcome, step: int) -> None:
+        """Update Jacobi's moving acceptance rate from a step that played it; it pays (full-rate
+        shadow samples, :meth:`_shadow_interval`) while the rate is at least ``_JACOBI_PAYS_RATE``."""
+        drafted = accepted = 0
+        for o in outcome.requests:
+            if o.drafted > 0 and o.arm.proposer == "jacobi":
+                drafted += o.drafted
+                accepted += o.accepted
+        if drafted:
+            self._jacobi_rate += _JACOBI_RATE_WEIGHT * (accepted / drafted - self._jacobi_rate)
+            if self._jacobi_rate >= _JACOBI_PAYS_RATE:
+                self._jacobi_paid_at = step
 
     def _commit_rest(self, outcome: StepOutcome) -> None:
         """A rest step's committed tokens to the safety tracker: they resolve the baseline drafts
@@ -789,15 +815,19 @@ class AdaptiveController(SpecPolicy):
 
     # -- other verbs --------------------------------------------------------------------------------
     def _shadow_interval(self) -> int:
-        """Request-steps per shadow sample of Jacobi: ``shadow_every`` while Jacobi was played in the
-        last 256 steps, and during the first 256 steps when nothing is known about it (on a model
-        without a prior, Jacobi may be what drafts where nothing else does); else 8 times that (a
-        weak arm costs little: a shipped prior or a loaded state already scored it)."""
-        played = self._jacobi_played_at
-        if played is None:
+        """Request-steps per shadow sample of Jacobi: ``shadow_every`` while Jacobi paid in the last
+        256 steps (the moving acceptance rate of its played draft tokens was at least 0.2), and
+        during the first 256 steps when nothing is known about it (on a model without a prior,
+        Jacobi may be what drafts where nothing else does); else 8 times that (a weak arm costs
+        little: a shipped prior or a loaded state already scored it). Being played, or a lucky
+        accepted token, is not enough: the allocation plays a shadow guess where it is a request's
+        only draft, and on the embedded default about one Jacobi draft token in 20-50 is accepted,
+        which would keep the full rate on for good."""
+        paid = self._jacobi_paid_at
+        if paid is None:
             recent = self.n_steps <= _JACOBI_RECENT and "jacobi" not in self.acceptance.loaded
         else:
-            recent = self.n_steps - played <= _JACOBI_RECENT
+            recent = self.n_steps - paid <= _JACOBI_RECENT
         return self.shadow_every if recent else 8 * self.shadow_every
 
     def jacobi_guess_wanted(self, req_ids: list[str]) -> list[bool]:

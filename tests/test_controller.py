@@ -588,3 +588,46 @@ def test_acceptance_counts_stay_one_array_in_a_copy():
     assert c.acc.reshape(-1, 4)[0, 0] == 3.0 and c.tri.reshape(-1, 4)[0, 0] == 5.0
     assert m.acc.reshape(-1, 4)[0, 0] == 1.0 and m.tri.reshape(-1, 4)[0, 0] == 0.0
     assert np.shares_memory(m.counts4, m.acc) and not np.shares_memory(c.counts4, m.acc)
+
+
+def _play_jacobi(ctrl: AdaptiveController, steps: int, accepted: int, batch: int = 4) -> int:
+    """Steps in which every request offers a Jacobi draft and drafts are nearly free, so the
+    controller plays it; each request that plays it has ``accepted`` draft tokens accepted. Returns
+    the request-steps that played Jacobi."""
+    played = 0
+    for t in range(steps):
+        views = [
+            RequestView(f"r{i}", t, 1000, 0.0, {"jacobi": np.array([7, 7, 7])}, {"jacobi": 3})
+            for i in range(batch)
+        ]
+        dec = ctrl.decide(StepView(views, batch))
+        outs = []
+        for i, a in enumerate(dec.arms):
+            if a.proposer == "jacobi" and a.k > 0:
+                played += 1
+                acc = min(accepted, a.k)
+                outs.append(RequestOutcome(f"r{i}", a, a.k, acc, [7] * (acc + 1), False))
+            else:
+                outs.append(RequestOutcome(f"r{i}", a, 0, 0, [1], False))
+        ctrl.observe(StepOutcome(outs, 0.02, batch, sum(o.drafted for o in outs)))
+    return played
+
+
+def test_jacobi_full_shadow_rate_needs_accepted_tokens_not_plays():
+    """Played Jacobi drafts that the target rarely accepts do not keep Jacobi's shadow samples at the
+    full rate (a shadow guess that the allocation plays would otherwise keep it there for good);
+    a moving acceptance rate of its played draft tokens of at least 0.2 does, for 256 steps."""
+    vs = np.array([0, 1, 8])
+    table = StepCostTable.from_samples([4, 4, 4], vs, 0.02 + 1e-6 * vs)
+    fresh = AdaptiveController(["jacobi"], 4, cost_table=table, shadow_every=4, baseline="none")
+    ctrl = AdaptiveController(["jacobi"], 4, cost_table=table, shadow_every=4, baseline="none")
+    ctrl.acceptance.load_state_dict(fresh.acceptance.state_dict())
+    assert ctrl._shadow_interval() == 32
+    assert _play_jacobi(ctrl, 20, accepted=0) > 0  # played, never accepted
+    assert ctrl._shadow_interval() == 32
+    assert _play_jacobi(ctrl, 1, accepted=1) > 0  # a lucky token: the rate moves to about 0.03
+    assert ctrl._shadow_interval() == 32
+    assert _play_jacobi(ctrl, 8, accepted=3) > 0  # every played token accepted: the rate passes 0.2
+    assert ctrl._shadow_interval() == 4
+    assert _play_jacobi(ctrl, 300, accepted=0) >= 0
+    assert ctrl._shadow_interval() == 32
