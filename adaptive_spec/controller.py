@@ -58,10 +58,10 @@ resolved as the committed tokens arrive.
 Weak arms cost little: Jacobi drafts need the target's argmax at verified positions, so the controller
 asks the engine for those rows (``Decision.argmax_wanted``) only for the requests that play Jacobi now
 (their iterate goes on), plus a shadow sample of one request-step in ``shadow_every`` that keeps
-scoring it elsewhere (one in ``8 * shadow_every`` once no request that played it has had a draft token
-accepted for 256 steps, and from the start when a shipped prior or a loaded state already scored it:
-the rows cost about 0.2-0.5 ms of bfloat16 argmax over the vocabulary on 2 CPU cores, and Jacobi's own
-drafting about 0.05 ms per request).
+scoring it elsewhere (one in ``8 * shadow_every`` once Jacobi has not paid for 256 steps, i.e. the
+moving acceptance rate of its played draft tokens stayed below 0.2, and from the start when a shipped
+prior or a loaded state already scored it: the rows cost about 0.2-0.5 ms of bfloat16 argmax over the
+vocabulary on 2 CPU cores, and Jacobi's own drafting about 0.05 ms per request).
 Jacobi drafts exist only where such rows were recorded.
 """
 

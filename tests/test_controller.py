@@ -629,5 +629,5 @@ def test_jacobi_full_shadow_rate_needs_accepted_tokens_not_plays():
     assert ctrl._shadow_interval() == 32
     assert _play_jacobi(ctrl, 8, accepted=3) > 0  # every played token accepted: the rate passes 0.2
     assert ctrl._shadow_interval() == 4
-    assert _play_jacobi(ctrl, 300, accepted=0) >= 0
+    _play_jacobi(ctrl, 300, accepted=0)  # 256 steps after it last paid: back to the low rate
     assert ctrl._shadow_interval() == 32
