@@ -122,8 +122,8 @@ def build_llm(
         **kwargs,
     )
     from adaptive_spec.vllm.cpu_fixes import fix_cpu_expand_kernel
-    from adaptive_spec.vllm.sampling import fix_recovered_token_noise
+    from adaptive_spec.vllm.sampling import fix_recovered_token_sampling
 
     fix_cpu_expand_kernel()  # vLLM 0.32 CPU: speculation at temperature > 0 needs it
-    fix_recovered_token_noise()  # vLLM 0.32 CPU: recovered-token noise only where drafts are
+    fix_recovered_token_sampling()  # vLLM 0.32 CPU: one uniform per recovered token
     return llm

@@ -342,10 +342,10 @@ class AdaptiveSpec:
                 f"this engine uses method={spec_config.method!r}"
             )
         from adaptive_spec.vllm.cpu_fixes import fix_cpu_expand_kernel
-        from adaptive_spec.vllm.sampling import fix_recovered_token_noise
+        from adaptive_spec.vllm.sampling import fix_recovered_token_sampling
 
         fix_cpu_expand_kernel()  # vLLM 0.32 CPU: per-token temperatures at temperature > 0 (see module)
-        fix_recovered_token_noise()  # vLLM 0.32 CPU: recovered-token noise only where drafts are
+        fix_recovered_token_sampling()  # vLLM 0.32 CPU: one uniform per recovered token
         # Steps without draft tokens sampled without the rejection sampler (stats()).
         self.plain_sampler_steps = 0
         self.llm = llm
