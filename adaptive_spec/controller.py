@@ -23,6 +23,13 @@ proposers (all of it vectorised over the batch):
    saturation, the batch shrinks instead). The safety rule's slack is then spent on drafting less
    than its model's optimum, so its bound can be exceeded by the model's error
    (``docs/replay.md``).
+   **A draining batch** (no request waits: the last requests of an offline batch such as
+   ``LLM.generate``) ends when its request with the largest remaining budget (``max_tokens`` minus
+   the tokens emitted) ends, and a token committed elsewhere no longer frees a slot for a waiting
+   request. There the objective counts only the ``W`` requests within ``drain_margin`` tokens of that
+   budget, ``(W + sum of their V best gains) / t(B, V)``: draft tokens go to the requests that decide
+   when the batch ends, and the others' are not verified (the step is cheaper). Their progress
+   equalises the remaining budgets, so the set moves between requests as they catch up.
 4. **Safety** (:mod:`adaptive_spec.safety`): the baseline's decision (by default an n-gram
    batch-size table, as vLLM's ``num_speculative_tokens_per_batch_size``) is computed too; the
    controller plays its own decision only if a lower bound on its tokens and an upper bound on its
@@ -181,6 +188,13 @@ class AdaptiveController(SpecPolicy):
         The allocation prices speculation at ``1 + speculation_premium`` times what the cost table
         says it adds to a step (step 3 of the module docstring); the safety rule and the cost model
         use the table's own times.
+    drain_margin : int >= 0, "auto" or None
+        While no request waits, the allocation counts only the requests within this many tokens of
+        the largest remaining budget (step 3 of the module docstring: the batch drains, and it ends
+        with its longest request). "auto": ``2 * (max_k + 1)``, what two steps can commit (a request
+        that close may still finish last; a smaller margin leaves requests that are about to become
+        the last ones without drafts). None: per-step goodput always, as a server should use (its
+        queue empties between arrivals and every request's latency counts).
     seed : int >= 0
         Seeds the random draws (Thompson, epsilon-greedy).
 
@@ -211,6 +225,7 @@ class AdaptiveController(SpecPolicy):
         rest_after: int = 16,
         wake_every: int = 4,
         speculation_premium: float = 0.0,
+        drain_margin: int | str | None = "auto",
         seed: int = 0,
     ) -> None:
         super().__init__(proposers, max_k)
@@ -245,6 +260,16 @@ class AdaptiveController(SpecPolicy):
                 f"speculation_premium={speculation_premium!r} is invalid; allowed: a finite "
                 "number >= 0 (0: price speculation at the cost table's time)"
             )
+        if drain_margin == "auto":
+            drain_margin = 2 * (max_k + 1)
+        elif drain_margin is not None and (
+            isinstance(drain_margin, bool) or not isinstance(drain_margin, int) or drain_margin < 0
+        ):
+            raise ValueError(
+                f"drain_margin={drain_margin!r} is invalid; allowed: an integer >= 0, 'auto' (two "
+                "steps' worth of tokens, 2 * (max_k + 1)) or None (per-step goodput also while the "
+                "batch drains)"
+            )
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
             raise ValueError(f"seed={seed!r} is invalid; allowed: an integer >= 0")
         kern.warm_up()  # the per-step kernels' machine code, loaded before the first step
@@ -257,6 +282,7 @@ class AdaptiveController(SpecPolicy):
         self.rest_after = rest_after
         self.wake_every = wake_every
         self.speculation_premium = float(speculation_premium)
+        self.drain_margin = drain_margin
         self.seed = int(seed)
         self.rng = np.random.default_rng(seed)
         self.acceptance = AcceptanceModel(self.proposers, max_k, discount=discount)
@@ -525,6 +551,7 @@ class AdaptiveController(SpecPolicy):
             bp,
             tracker.length,
             self.speculation_premium,
+            -1 if self.drain_margin is None or view.queue_len > 0 else self.drain_margin,
             buf.drafts,
             buf.alpha,
             buf.g,

@@ -32,7 +32,9 @@ __all__ = [
     "StepBuffers",
     "add_counts",
     "allocate",
+    "allocate_base",
     "decide_step",
+    "drain_gains",
     "guard_add_resolved",
     "learn",
     "learn_into",
@@ -195,18 +197,28 @@ def allocate(g: np.ndarray, v_max: int, t_curve: np.ndarray):
     entries; ``t_curve``: float64 [>= v_max + 1], predicted step time (s) for V = 0..v_max. Returns
     ``(ks int64 [N], V, lam, goodput at V)``; ties keep the smaller V and, among equal gains, the
     earlier request."""
+    return allocate_base(g, v_max, t_curve, float(g.shape[0]))
+
+
+@njit(cache=True)
+def allocate_base(g: np.ndarray, v_max: int, t_curve: np.ndarray, base: float):
+    """:func:`allocate` with ``base`` in place of ``N``: the tokens the step commits without drafts
+    that the objective counts (:func:`drain_gains`)."""
     N, K = g.shape
     ks = np.zeros(N, dtype=np.int64)
     if v_max == 0:
-        return ks, 0, 0.0, N / t_curve[0]
+        return ks, 0, 0.0, base / t_curve[0]
     flat = -g.ravel()
     order = np.argsort(flat, kind="mergesort")
     c = 0.0
-    best = N / t_curve[0]
+    best = base / t_curve[0]
     V = 0
     for v in range(1, v_max + 1):
-        c += -flat[order[v - 1]]
-        gp = (N + c) / t_curve[v]
+        gain = -flat[order[v - 1]]
+        if gain == -np.inf:
+            break
+        c += gain
+        gp = (base + c) / t_curve[v]
         if gp > best:
             best = gp
             V = v
@@ -216,6 +228,28 @@ def allocate(g: np.ndarray, v_max: int, t_curve: np.ndarray):
     dt = (t_curve[nxt] - t_curve[V]) / max(nxt - V, 1) if nxt > V else t_curve[V] * 0.01
     lam = best * max(dt, 0.0)
     return ks, V, lam, best
+
+
+@njit(cache=True)
+def drain_gains(g: np.ndarray, cap: np.ndarray, margin: int, out: np.ndarray) -> float:
+    """The gains that count while a batch drains (no request waits): the run ends when the request
+    with the largest remaining budget does, so only the requests within ``margin`` tokens of that
+    budget (``cap`` int64 [N], tokens each may still emit) keep their gains; the others' rows of
+    ``out`` (float64 [N, K], written) are ``-inf``. Returns how many requests count (the objective's
+    base in :func:`allocate_base`)."""
+    N, K = g.shape
+    rmax = 0
+    for i in range(N):
+        if cap[i] > rmax:
+            rmax = cap[i]
+    base = 0.0
+    for i in range(N):
+        keep = cap[i] >= rmax - margin
+        if keep:
+            base += 1.0
+        for j in range(K):
+            out[i, j] = g[i, j] if keep else -np.inf
+    return base
 
 
 @njit(cache=True)
@@ -642,6 +676,7 @@ def decide_step(
     bp: int,
     length: np.ndarray,
     premium: float,
+    margin: int,
     b_drafts: np.ndarray,
     b_alpha: np.ndarray,
     b_g: np.ndarray,
@@ -658,7 +693,8 @@ def decide_step(
     curves at this batch size, mixed by ``sampled`` and scaled by ``load`` (:func:`_mixed_curve`);
     ``kbase``: the baseline's k at this batch size, ``bp`` its proposer (-1: none); ``premium`` >= 0:
     the allocation prices speculation at ``1 + premium`` times the curve's increase over ``V = 0``
-    (the predicted times returned stay the curve's). ``table`` float64 [cells, K] is :func:`score`'s
+    (the predicted times returned stay the curve's); ``margin`` >= 0: the batch drains, and the
+    allocation counts only the requests of :func:`drain_gains` (-1: every request). ``table`` float64 [cells, K] is :func:`score`'s
     acceptance table; an empty one (0 rows) stands for the posterior mean of ``counts`` float64
     [4, cells, K], the acceptance model's ``acc``, ``tri``, ``prior_a`` and ``prior_b``
     (:attr:`adaptive_spec.acceptance.AcceptanceModel.counts4`; :func:`posterior_mean`, computed
@@ -696,13 +732,17 @@ def decide_step(
         gains, choice, g,
     )  # fmt: skip
     t_curve = _mixed_curve(curve_g, curve_s, sampled, load, v_max + 1)
+    t_alloc = t_curve
     if premium > 0.0:
         t_alloc = np.empty(v_max + 1)
         for v in range(v_max + 1):
             t_alloc[v] = t_curve[0] + (1.0 + premium) * (t_curve[v] - t_curve[0])
-        ks, V, lam_new, _ = allocate(g, v_max, t_alloc)
+    if margin >= 0:
+        g_alloc = np.empty((N, K))
+        base = drain_gains(g, cap, margin, g_alloc)
+        ks, V, lam_new, _ = allocate_base(g_alloc, v_max, t_alloc, base)
     else:
-        ks, V, lam_new, _ = allocate(g, v_max, t_curve)
+        ks, V, lam_new, _ = allocate_base(g, v_max, t_alloc, float(N))
     kb = np.zeros(N, dtype=np.int64)
     Vb = 0
     if bp >= 0:
@@ -978,6 +1018,7 @@ def warm_up() -> None:
         0,
         np.zeros(N, dtype=i64),
         0.5,
+        1,
         buf.drafts,
         buf.alpha,
         buf.g,

@@ -346,14 +346,16 @@ def test_jacobi_shadow_rate_starts_low_when_a_prior_scored_it():
     kbase=st.integers(0, 8),
     premium=st.sampled_from([0.0, 0.5, 1.0]),
     from_counts=st.booleans(),
+    margin=st.sampled_from([-1, 0, 3]),
 )
 def test_fused_decision_kernel_equals_its_parts(
-    n, p, k, seed, sampled, kbase, premium, from_counts
+    n, p, k, seed, sampled, kbase, premium, from_counts, margin
 ):
     """``decide_step`` (one call per decision) gives exactly what the posterior means (when it
     is given counts instead of a table), scoring, the cost curve, the allocation (over the curve
-    with speculation priced at ``1 + premium`` times its cost) and the safety rule's terms give one
-    after another; the predicted times are the curve's."""
+    with speculation priced at ``1 + premium`` times its cost, over the draining batch's gains when
+    ``margin`` >= 0) and the safety rule's terms give one after another; the predicted times are the
+    curve's."""
     from adaptive_spec import controller_kernels as kern
     from adaptive_spec.acceptance import N_HIST, N_MATCH, N_TEMP
     from adaptive_spec.cost_table import prior_table
@@ -396,7 +398,7 @@ def test_fused_decision_kernel_equals_its_parts(
     got = kern.decide_step(
         parts, ints, slots, hist_b, ctrl._match_lut, given, np.stack([acc, tri, prior_a, prior_b]),
         lam, p, k, N_TEMP, N_HIST, N_MATCH, cg, cs, mix, ctrl.cost.load, kbase, bp, length,
-        premium, buf.drafts, buf.alpha, buf.g, buf.ints,
+        premium, margin, buf.drafts, buf.alpha, buf.g, buf.ints,
     )  # fmt: skip
     drafts, avail, match, cells, alpha, gains, choice, g, v_max = kern.score(
         parts, dlen, mlen, cap, temp, hist_b[slots], ctrl._match_lut, alpha_table, lam, p, k,
@@ -404,7 +406,12 @@ def test_fused_decision_kernel_equals_its_parts(
     )  # fmt: skip
     t_curve = ctrl.cost.curve(B, v_max, sampled)
     t_alloc = t_curve[0] + (1.0 + premium) * (t_curve - t_curve[0])
-    ks, V, lam2, _ = kern.allocate(g, v_max, t_alloc if premium else t_curve)
+    if margin >= 0:
+        g_drain = np.empty_like(g)
+        base_n = kern.drain_gains(g, cap, margin, g_drain)
+        ks, V, lam2, _ = kern.allocate_base(g_drain, v_max, t_alloc if premium else t_curve, base_n)
+    else:
+        ks, V, lam2, _ = kern.allocate(g, v_max, t_alloc if premium else t_curve)
     kb = np.minimum(kbase, avail[:, bp]) if bp >= 0 else np.zeros(n, dtype=np.int64)
     Vb = int(kb.sum())
     same, e_ctrl, var, e_base = kern.guard_terms(g, gains, ks, kb, choice, bp)
@@ -631,3 +638,68 @@ def test_jacobi_full_shadow_rate_needs_accepted_tokens_not_plays():
     assert ctrl._shadow_interval() == 4
     _play_jacobi(ctrl, 300, accepted=0)  # 256 steps after it last paid: back to the low rate
     assert ctrl._shadow_interval() == 32
+
+
+def test_drain_gains_keep_only_the_requests_near_the_largest_budget():
+    from adaptive_spec import controller_kernels as kern
+
+    g = np.array([[0.9, 0.5], [0.8, 0.4], [0.7, -np.inf], [0.6, 0.3]])
+    cap = np.array([40, 38, 37, 10], dtype=np.int64)
+    out = np.empty_like(g)
+    assert kern.drain_gains(g, cap, 2, out) == 2.0
+    np.testing.assert_array_equal(out[:2], g[:2])
+    assert np.isneginf(out[2:]).all()
+    assert kern.drain_gains(g, cap, 100, out) == 4.0
+    np.testing.assert_array_equal(out, g)
+    # allocate_base counts the kept requests only; each draft token adds 30 % to the step
+    t = np.array([1.0, 1.3, 1.6, 1.9, 2.2])
+    ks, V, _, _ = kern.allocate_base(out, 4, t, 4.0)
+    assert V == 0  # (4 + 0.9) / 1.3 < 4: not worth it when every request counts
+    kern.drain_gains(g, cap, 0, out)
+    ks, V, _, _ = kern.allocate_base(out, 4, t, 1.0)
+    assert ks.tolist() == [2, 0, 0, 0]  # (1 + 0.9 + 0.5) / 1.6 > 1: the critical request drafts
+
+
+def _cheap_table(max_b: int = 32) -> StepCostTable:
+    """A table where the first draft token adds 8 % to a step and each further one 1 %."""
+    bs = [1, 2, 4, 8, 16, 32]
+    vs = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256]
+    sec = np.array([[0.03 * (1 + (0.08 + 0.01 * (v - 1) if v else 0.0)) for v in vs] for _ in bs])
+    return StepCostTable(bs, vs, sec, counts=np.full(sec.shape, 100.0))
+
+
+def test_a_draining_batch_drafts_for_the_requests_that_end_last():
+    """16 requests with good n-gram drafts; one has 40 tokens left, the others 5-20. While requests
+    wait, the allocation may draft for every request; once none waits, only the one that decides when
+    the batch ends drafts (its tokens are worth a whole step each there), and with drain_margin=None
+    the draining batch is allocated as before."""
+    budgets = [40] + [5 + i for i in range(15)]
+
+    def decide(queue_len: int, margin: int | None) -> list[int]:
+        ctrl = AdaptiveController(
+            ["ngram"],
+            4,
+            cost_table=_cheap_table(),
+            drain_margin=margin,
+            baseline="none",
+            alpha=0.99,
+        )
+        ctrl.acceptance.counts4[0][...] = 0.9 * 50  # acceptance 0.9 everywhere, well measured
+        ctrl.acceptance.counts4[1][...] = 50
+        ctrl.acceptance.counts_changed()
+        views = [
+            RequestView(f"r{i}", 10, b, 0.0, {"ngram": np.arange(4)}, {"ngram": 4})
+            for i, b in enumerate(budgets)
+        ]
+        return [a.k for a in ctrl.decide(StepView(views, 16, queue_len=queue_len)).arms]
+
+    drained = decide(0, 2)
+    assert drained[0] == 4 and sum(drained[1:]) == 0
+    assert decide(0, None) == decide(3, 2)
+    assert sum(decide(3, 2)[1:]) > 0  # with a queue every request's tokens count
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_drain_margin_is_checked(bad):
+    with pytest.raises(ValueError, match="drain_margin="):
+        AdaptiveController(["ngram"], 4, drain_margin=bad)

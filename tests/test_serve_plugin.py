@@ -566,6 +566,7 @@ def test_runtime_saves_periodically_at_idle_and_at_close(fake_core, tmp_path):
     state = tmp_path / "state" / "policy.json"
     cfg = ServeConfig(state=state, save_every_steps=5, save_every_s=3600, metrics_interval_s=0.05)
     rt = ServeRuntime(fake_core, cfg, metrics_dir=tmp_path / "m")
+    assert rt.spec.policy.drain_margin is None  # a server: per-step goodput, never makespan
     assert not rt.state_loaded and not state.exists()
     snap = prom.read_snapshots(tmp_path / "m")
     assert len(snap) == 1 and snap[0]["steps"] == 0  # written at attach

@@ -455,6 +455,12 @@ class ServeRuntime:
             ngram_max=config.ngram_max,
             policy_state=None,  # the runtime saves and loads the state itself (periodically)
         )
+        from adaptive_spec.controller import AdaptiveController
+
+        if isinstance(self.spec.policy, AdaptiveController):
+            # A server's queue empties between arrivals and every request's latency counts: per-step
+            # goodput, never the draining-batch objective of an offline batch.
+            self.spec.policy.drain_margin = None
         self.core = core
         self.state_path = config.state
         if self.state_path is None:
