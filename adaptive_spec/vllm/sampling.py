@@ -85,10 +85,10 @@ def recovered_tokens(
     uniforms come from it, the others' from the global generator, in one draw). Returns the tokens,
     the dtype of ``draft_token_ids`` [T]. A token of zero residual probability is never returned
     unless the whole residual is zero (then every draft token of that row is accepted with
-    probability 1 and the row's token is never used; the last vocabulary id is returned).
+    probability 1 and the row's token is never used; some id in range is returned).
 
-    vLLM draws an exponential variate per vocabulary entry and request (an exponential race, 0.14-1 ms
-    per request row of SmolLM2's 49,152 entries on 2 CPU cores) and runs its kernel over the whole
+    vLLM draws an exponential variate per vocabulary entry and request (an exponential race, about 1
+    ms per request row of SmolLM2's 49,152 entries on 2 CPU cores) and runs its kernel over the whole
     vocabulary per position; this draws one number per position. The distribution is the same; the
     random numbers are not, so a seeded request's tokens differ from vLLM's own for the same seed (and
     are again reproducible for the same seed and the same draft tokens)."""
