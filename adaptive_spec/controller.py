@@ -37,14 +37,20 @@ proposers (all of it vectorised over the batch):
    measured counterfactually. Otherwise it plays the baseline's.
 5. **Cost probes**: after ``probe_every`` steps in a row without a verified draft token, one step
    verifies the draft tokens predicted to be accepted with probability >= 0.25 (at least one, at
-   most ``max(4, N / 4)``); after
-   ``probe_every`` steps in a row with some, one step verifies none if the table's no-speculation
-   cell at this batch size is not yet backed by enough measurements (the interval starts at 8 steps
-   and doubles after each probe up to ``probe_every``). The table's shape is corrected only where
-   steps are observed, so both sides of the speculate / do-not-speculate boundary keep being
-   measured and a wrong table cannot switch speculation off for good. Probes bypass the safety rule;
-   their cost is at most one step in ``probe_every`` and is counted in the run's measured goodput
-   like any other step.
+   most ``max(4, N / 4)``; the interval starts at 8 steps and doubles after each probe up to
+   ``probe_every``). After 8 steps in a row with some, one step verifies none while this engine's
+   steps have filled the table's no-speculation cell at this batch size fewer than
+   ``prior_weight`` times (:meth:`~adaptive_spec.cost_model.StepCostModel.observed`), whatever the
+   shipped or calibrated table says, and the decision's predicted goodput is within 15 % of the
+   step's without draft tokens: the price of speculating at all is the difference between that
+   cell and the others, it decides near that boundary, and it depends on the workload (a batch
+   whose contexts differ in length verifies draft tokens at a higher price than the dummy requests
+   of a calibration). The table's
+   shape is corrected only where steps are observed, so both sides of the speculate /
+   do-not-speculate boundary keep being measured and a wrong table cannot switch speculation off
+   for good. Probes bypass the safety rule; their cost is at most one step in 8 (at most
+   ``prior_weight`` such steps per batch size) and is counted in the run's measured goodput like any
+   other step.
 6. **Rest steps**: after ``rest_after`` decisions in a row that verify no draft token (probes aside),
    and where the table's price of one draft token at this batch size is backed by measurements (a
    table that is only a guess keeps being probed and learned at full rate), the controller rests
@@ -107,6 +113,9 @@ DECISION_FEATURES = (
 )
 DRAFT_FAMILY = ("draft",)
 _NO_TOKENS = np.zeros(0, dtype=np.int64)
+# A no-speculation cost probe only while the decision's predicted goodput is below (1 + this) x the
+# step's without draft tokens: beyond it, an error in that cell's price changes nothing.
+_PROBE_ADVANTAGE = 0.15
 _JACOBI_RECENT = 256  # steps after Jacobi last paid during which it is shadowed at full rate
 # Jacobi pays while the acceptance rate of its played draft tokens (a moving average over the steps
 # that play it, weight _JACOBI_RATE_WEIGHT) is at least this: about half the n-gram proposer's rate on
@@ -591,10 +600,15 @@ class AdaptiveController(SpecPolicy):
             self._steps_without_spec = 0
             if self._steps_with_spec >= self._probe_gap[1]:
                 self._steps_with_spec = 0
-                if not self.cost.trusted(B, 0):
+                # The no-speculation cell is measured on this engine at every batch size it runs
+                # at, whatever the table says (the price of speculating at all is its difference),
+                # where that price decides: while speculation's predicted advantage is small.
+                if (
+                    self.cost.observed(B, 0) < self.cost.prior_weight
+                    and e_ctrl * self.cost.at(B, 0, sampled) < (1.0 + _PROBE_ADVANTAGE) * N * t_pred
+                ):
                     bi[:N, buf.c_ks] = 0
                     probe = True
-                    self._probe_gap[1] = min(2 * self._probe_gap[1], self.probe_every)
         if probe:
             self.guard.probes += 1
         else:

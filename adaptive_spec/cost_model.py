@@ -15,7 +15,9 @@ each cell with data moves toward its observations by ``n / (n + w)`` of its mean
 measurements behind the cell, between 1 and ``prior_weight``; each residual clipped to a factor of 3,
 so a stall cannot move a cell far and a badly wrong cell is repaired over a few refreshes), cells
 without data take the correction interpolated between the corrected cells of their row (rows without
-data: the nearest row's), and the table is made monotone again. A table that is wrong (e.g. claims that a draft token costs
+data: the nearest row's), and the table is made monotone again (weighted by the measurements behind
+each cell, :func:`~adaptive_spec.cost_table.make_monotone`, so a row observed a few times cannot
+lift the row the engine runs at). A table that is wrong (e.g. claims that a draft token costs
 100 ms) is thereby repaired wherever steps are observed; the controller's probes make sure some are.
 
 A step in which a share ``s`` of the requests samples (temperature > 0) is predicted from the
@@ -102,6 +104,7 @@ class StepCostModel:
         self.table = prior_table() if table is None else table
         self.log_load = 0.0
         self._reset_cells()
+        self._reset_seen()
         self.n_updates = 0
         self.n_ignored = 0
         self.n_prefill = 0
@@ -132,6 +135,11 @@ class StepCostModel:
         if v >= len(self._col_of):
             self._col_of = nearest_index(self.table.draft_tokens, np.arange(2 * v + 1)).tolist()
         return self._row_of[b], self._col_of[v]
+
+    def _reset_seen(self) -> None:
+        # Decode steps observed per cell by this model (not reset by a refresh).
+        rows, cols = self.table.seconds.shape
+        self._seen = [[0] * cols for _ in range(rows)]
 
     def _zero_cells(self) -> None:
         # Observations and summed log residuals per cell since the last refresh (nested lists: the
@@ -239,6 +247,12 @@ class StepCostModel:
         bi, vi = self._cell_index(batch_size, verified_tokens)
         return bool(t.counts[bi, vi] + self._cell_w[bi][vi] >= self.prior_weight)
 
+    def observed(self, batch_size: int, verified_tokens: int) -> int:
+        """Decode steps this model has observed in the table cell nearest ``(batch_size,
+        verified_tokens)`` (what was measured on this engine, not what the table was built from)."""
+        bi, vi = self._cell_index(batch_size, verified_tokens)
+        return self._seen[bi][vi]
+
     # -- learning ---------------------------------------------------------------------------------
     def update(
         self,
@@ -284,6 +298,7 @@ class StepCostModel:
         self.abs_log_residual += 0.02 * (min(abs(resid), MAX_LOG_RATIO) - self.abs_log_residual)
         bi, vi = self._cell_index(batch_size, v)
         self._cell_w[bi][vi] += 1.0
+        self._seen[bi][vi] += 1
         self._cell_r[bi][vi] += min(max(resid, -MAX_LOG_RATIO), MAX_LOG_RATIO)
         self.n_updates += 1
         self._since_refresh += 1
@@ -379,5 +394,6 @@ class StepCostModel:
         self.n_updates, self.n_ignored = counts
         self.prefill_s_per_token = pre
         self._reset_cells()
+        self._reset_seen()
         self._since_refresh = 0
         self._refresh_interval = self.refresh_every

@@ -188,8 +188,9 @@ def test_calibration_prompts_default_to_a_realistic_context_within_max_model_len
     tiny_llm, tmp_path, monkeypatch
 ):
     """A draft token's verification attends over the context, so the dummy prompts default to
-    ``DEFAULT_PROMPT_LEN`` tokens (not a few): shortened only where ``max_model_len`` leaves no room
-    for them and the planned steps; an explicit length is used as given."""
+    ``DEFAULT_PROMPT_LEN`` tokens (not a few), spread over a batch (a quarter to 4.5 times it):
+    shortened only where ``max_model_len`` leaves no room for them and the planned steps; an explicit
+    length is spread the same way."""
     from adaptive_spec.vllm import AdaptiveSpec
     from adaptive_spec.vllm import calibrate as cal_mod
 
@@ -197,9 +198,9 @@ def test_calibration_prompts_default_to_a_realistic_context_within_max_model_len
     seen: list[int] = []
     real = cal_mod._measure_batch
 
-    def spy(core, sched, cal, rng, spec, B, repeats, prompt_len, temperature):
-        seen.append(prompt_len)
-        return real(core, sched, cal, rng, spec, B, repeats, prompt_len, temperature)
+    def spy(core, sched, cal, rng, spec, B, repeats, lengths, temperature):
+        seen.append(lengths)
+        return real(core, sched, cal, rng, spec, B, repeats, lengths, temperature)
 
     monkeypatch.setattr(cal_mod, "_measure_batch", spy)
     spec = AdaptiveSpec(
@@ -217,4 +218,22 @@ def test_calibration_prompts_default_to_a_realistic_context_within_max_model_len
     finally:
         spec.detach()
     steps = cal_mod.plan_steps(2, spec.max_k, 1)
-    assert seen == [cal_mod.DEFAULT_PROMPT_LEN, 7, 150 - steps - spec.max_k - 1]
+    room = 150 - steps - spec.max_k - 1
+    n = cal_mod.DEFAULT_PROMPT_LEN
+    assert seen == [
+        [n // 4, min(n * 9 // 2, full - steps - spec.max_k - 1)],
+        [2, 32],
+        [round(room / 4), room],
+    ]
+
+
+def test_prompt_lengths_spread_log_uniformly_within_the_room():
+    from adaptive_spec.vllm.calibrate import PROMPT_SPREAD, prompt_lengths
+
+    assert prompt_lengths(1, 192, 10_000) == [192]
+    got = prompt_lengths(16, 192, 10_000)
+    assert got[0] == 48 and got[-1] == 864 and got == sorted(got)
+    ratios = np.array(got[1:], dtype=float) / np.array(got[:-1], dtype=float)
+    step = (PROMPT_SPREAD[1] / PROMPT_SPREAD[0]) ** (1 / 15)
+    assert np.allclose(ratios, step, rtol=0.03)  # equal ratios: log-uniform
+    assert max(prompt_lengths(16, 192, 300)) == 300 and min(prompt_lengths(4, 1, 5)) >= 1

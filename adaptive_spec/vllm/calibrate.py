@@ -1,8 +1,8 @@
 """Measuring an engine's step-cost table with dummy steps, when the controller attaches.
 
 :func:`calibrate` (called by :meth:`AdaptiveSpec.calibrate <adaptive_spec.vllm.attach.AdaptiveSpec.calibrate>`)
-feeds the engine core batches of dummy requests (random prompts of :data:`DEFAULT_PROMPT_LEN` tokens,
-``ignore_eos``) and, at every decode step, makes them verify a planned number of draft tokens: junk
+feeds the engine core batches of dummy requests (random prompts whose lengths spread from a quarter of
+:data:`DEFAULT_PROMPT_LEN` tokens to 4.5 times it, :func:`prompt_lengths`; ``ignore_eos``) and, at every decode step, makes them verify a planned number of draft tokens: junk
 drafts, which the target rejects, so each step commits one token per request and the plan stays on
 schedule. For each batch size ``B``
 of the plan the draft tokens per step cycle through ``V = 0, 1, 2, 4, 8, ...`` up to ``B * max_k``,
@@ -40,6 +40,25 @@ CALIBRATION_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 #: context, 1.5 ms at 640); 192 is near the median context of a decode step on the built-in mixed
 #: workload (prompts of 47-865 tokens, median 137, plus the tokens generated so far).
 DEFAULT_PROMPT_LEN = 192
+#: The dummy prompts of a batch spread log-uniformly over these multiples of the prompt length (the
+#: built-in mixed workload's prompts span 47-865 tokens). A step that verifies draft tokens costs
+#: more when the contexts of its batch differ in length: at batch 16 on 2 CPU cores, prompts of
+#: equal length priced speculating at all at +0.0 ms (greedy) and +1.6 ms (sampled), prompts of
+#: 48-864 tokens at +1.8 ms and +3.3 ms, and the engine measured about +4 and +5.8 ms on the mixed
+#: workload, where the equal-length table had the controller draft where it did not pay.
+PROMPT_SPREAD = (0.25, 4.5)
+
+
+def prompt_lengths(batch_size: int, prompt_len: int, room: int) -> list[int]:
+    """Dummy prompt lengths (tokens) of a batch of ``batch_size``: ``prompt_len`` times multiples
+    spread log-uniformly over :data:`PROMPT_SPREAD` (just ``prompt_len`` for one request), each
+    between 1 and ``room`` (what the engine's context leaves)."""
+    lo, hi = PROMPT_SPREAD
+    if batch_size == 1:
+        mult = [1.0]
+    else:
+        mult = [lo * (hi / lo) ** (i / (batch_size - 1)) for i in range(batch_size)]
+    return [max(1, min(round(prompt_len * m), room)) for m in mult]
 
 
 def plan_tokens(batch_size: int, max_k: int) -> list[int]:
@@ -180,11 +199,11 @@ def calibrate(
         raise ValueError(
             f"batch_sizes={batch_sizes!r} is invalid; allowed: integers in 1..{max_seqs}"
         )
+    # Room for a prompt, every planned step's token and one step's draft tokens.
+    steps = max(plan_steps(b, spec.max_k, repeats) for b in batch_sizes)
+    room = max(1, int(getattr(spec, "max_model_len", 1 << 30)) - steps - spec.max_k - 1)
     if prompt_len is None:
-        # Room for the prompt, every planned step's token and one step's draft tokens.
-        steps = max(plan_steps(b, spec.max_k, repeats) for b in batch_sizes)
-        room = int(getattr(spec, "max_model_len", 1 << 30)) - steps - spec.max_k - 1
-        prompt_len = max(1, min(DEFAULT_PROMPT_LEN, room))
+        prompt_len = min(DEFAULT_PROMPT_LEN, room)
     rng = np.random.default_rng(seed)
     cal = Calibration(spec.max_k, spec.vocab_size)
     t0 = time.perf_counter()
@@ -201,7 +220,17 @@ def calibrate(
         for B in batch_sizes:
             for temp in temperatures:  # back to back, so that drift barely separates the two
                 cal.samples = by_temp[temp]
-                _measure_batch(core, sched, cal, rng, spec, B, repeats, prompt_len, temp)
+                _measure_batch(
+                    core,
+                    sched,
+                    cal,
+                    rng,
+                    spec,
+                    B,
+                    repeats,
+                    prompt_lengths(B, prompt_len, room),
+                    temp,
+                )
     finally:
         if limit is not None:
             sched.max_num_active_reqs = limit
@@ -241,11 +270,11 @@ def _measure_batch(
     spec: Any,
     B: int,
     repeats: int,
-    prompt_len: int,
+    lengths: list[int],
     temperature: float,
 ) -> None:
-    """Run ``B`` dummy requests through the plan of ``B`` (samples go to ``cal.samples``), then
-    abort what is left of them."""
+    """Run ``B`` dummy requests (prompts of ``lengths`` tokens) through the plan of ``B`` (samples
+    go to ``cal.samples``), then abort what is left of them."""
     vs = plan_tokens(B, spec.max_k)
     cal.plan = [v for _ in range(repeats) for v in vs]
     cal.step = 0
@@ -253,8 +282,8 @@ def _measure_batch(
     steps = plan_steps(B, spec.max_k, repeats)
     ids = [f"adaptive-spec-calibration-{uuid.uuid4().hex[:12]}" for _ in range(B)]
     cal.req_ids = set(ids)
-    for rid in ids:
-        prompt = [int(t) for t in rng.integers(100, spec.vocab_size - 100, size=prompt_len)]
+    for rid, n in zip(ids, lengths, strict=True):
+        prompt = [int(t) for t in rng.integers(100, spec.vocab_size - 100, size=n)]
         req = core.preprocess_add_request(_request(rid, prompt, steps, temperature))
         core.add_request(*req) if isinstance(req, tuple) else core.add_request(req)
     guard = 0
