@@ -45,8 +45,9 @@ def add_parser(sub: Any) -> None:
         "--prompt-len",
         type=_positive_int,
         default=None,
-        help="dummy prompt tokens per calibration request (default 192, near the median context "
-        "of a decode step on the mixed workload; a draft token's price grows with the context)",
+        help="middle dummy prompt length in tokens (default 192, near the median context of a "
+        "decode step on the mixed workload); a batch's prompts spread from a quarter to 4.5 times "
+        "it, as real prompts do: a draft token's price grows with the context and with the spread",
     )
     p.add_argument(
         "--prior", action="store_true", help="also learn an acceptance prior on held-out prompts"
