@@ -3,7 +3,9 @@
 A step without draft tokens sampled by :func:`sample_without_drafts` gives exactly the tokens vLLM's
 ``RejectionSampler.forward`` gives from the same random state (greedy, sampled, and a request with its
 own generator): the bonus token is drawn first in both, and the rejection sampler draws nothing else
-that reaches the output. The recovered tokens of :func:`fix_recovered_token_sampling`
+that reaches the output. A greedy step with drafts verified by :func:`verify_greedy` emits exactly
+vLLM's tokens on bfloat16 logits with tied maxima, and every step it does not cover is left to vLLM.
+The recovered tokens of :func:`fix_recovered_token_sampling`
 (:func:`recovered_tokens`, inverse transform from one uniform per draft position) follow the residual
 distribution ``max(p - q, 0) / Z``: chi-square against the exact probabilities, and against the tokens of
 vLLM's own function on the same inputs. vLLM's parts run in a subprocess: vLLM's CPU kernel overrides are registered
@@ -37,7 +39,9 @@ from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 from adaptive_spec.vllm.cpu_fixes import fix_cpu_expand_kernel
-from adaptive_spec.vllm.sampling import fix_recovered_token_sampling, sample_without_drafts
+from adaptive_spec.vllm.sampling import (
+    fix_recovered_token_sampling, sample_without_drafts, verify_greedy,
+)
 
 sampler = Sampler()
 rej = rs.RejectionSampler(sampler)  # before the expand fix: its constructor warms vLLM's launcher up
@@ -86,6 +90,71 @@ for name, temp, seeded in (("greedy", None, False), ("t0.8", 0.8, False), ("t1.3
                     and tuple(b.sampled_token_ids.shape) == (B, 1))
     out[name] = same
 
+# Greedy verification: steps with drafts (0-5 per request, some accepted, some placeholders), bfloat16
+# logits rounded to integers so that rows hold ties at their maximum.
+import dataclasses
+import numpy as np
+from vllm.v1.sample.logits_processor.builtin import LogitBiasLogitsProcessor
+
+
+def spec_metadata(drafts):
+    n = [len(d) for d in drafts]
+    tgt, bonus, o = [], [], 0
+    for k in n:
+        tgt += list(range(o, o + k))
+        bonus.append(o + k)
+        o += k + 1
+    return SpecDecodeMetadata(
+        draft_token_ids=torch.tensor([t for d in drafts for t in d], dtype=torch.int32),
+        num_draft_tokens=n,
+        cu_num_draft_tokens=torch.tensor(np.cumsum(n), dtype=torch.int32),
+        cu_num_sampled_tokens=torch.tensor(np.cumsum([k + 1 for k in n]), dtype=torch.int32),
+        target_logits_indices=torch.tensor(tgt, dtype=torch.int32),
+        bonus_logits_indices=torch.tensor(bonus, dtype=torch.int32),
+        logits_indices=torch.arange(o, dtype=torch.int32),
+    ), o
+
+
+greedy_same, emitted, ties = [], 0, 0
+for trial in range(40):
+    n = torch.randint(0, 6, (B,), generator=g).tolist()
+    if trial == 0:
+        n = [0] * B
+    md, rows = spec_metadata([[0] * k for k in n])
+    logits = (torch.randn(rows, V, generator=g) * 2.5).round().to(torch.bfloat16)
+    ties += int(((logits == logits.max(-1, keepdim=True).values).sum(-1) > 1).sum())
+    am = logits.float().argmax(-1)
+    drafts, o = [], 0
+    for i, k in enumerate(n):
+        if k and trial % 7 == 3 and i == 0:  # vLLM's placeholder drafts of a new request
+            drafts.append([-1] * k)
+        else:
+            drafts.append([int(am[o + j]) if torch.rand(1, generator=g) < 0.75
+                           else int(torch.randint(0, V, (1,), generator=g)) for j in range(k)])
+        o += k + 1
+    md, _ = spec_metadata(drafts)
+    a = rej.forward(md, None, logits.clone(), sampling(None))
+    b = verify_greedy(md, logits.clone(), sampling(None))
+    greedy_same.append(b is not None and a.sampled_token_ids.dtype == b.sampled_token_ids.dtype
+                       and bool(torch.equal(a.sampled_token_ids, b.sampled_token_ids)))
+    emitted += int((a.sampled_token_ids >= 0).sum())
+out["greedy_verify"] = {"same": greedy_same, "emitted": emitted, "ties": ties}
+md, rows = spec_metadata([[1, 2], [3], [], [4, 5, 6], [7], [8]])
+logits = torch.randn(rows, V, generator=g)
+bias = LogitBiasLogitsProcessor(None, torch.device("cpu"), False)
+unused = verify_greedy(md, logits, dataclasses.replace(sampling(None), logitsprocs=LogitsProcessors([bias])))
+bias.biases = {0: {5: 3.0}}
+declined = {
+    "sampled": sampling(0.8),
+    "logprobs": dataclasses.replace(sampling(None), max_num_logprobs=0),
+    "penalties": dataclasses.replace(sampling(None), no_penalties=False),
+    "bad_words": dataclasses.replace(sampling(None), bad_words_token_ids={1: [[3]]}),
+    "logit_bias": dataclasses.replace(sampling(None), logitsprocs=LogitsProcessors([bias])),
+}
+out["greedy_declines"] = {k: verify_greedy(md, logits, v) is None for k, v in declined.items()}
+out["greedy_declines"]["synthetic"] = verify_greedy(md, logits, sampling(None), synthetic_mode=True) is None
+out["greedy_declines"]["unused_bias_taken"] = unused is not None
+
 # Recovered tokens: vLLM's function against the one fix_recovered_token_sampling installs, on many
 # positions that share one target row (vocabulary 16): token counts of each, compared in the parent.
 original = rs.sample_recovered_tokens
@@ -133,6 +202,25 @@ def child_results() -> dict:
 @pytest.mark.parametrize("case", ["greedy", "t0.8", "t1.3_seeded"])
 def test_a_step_without_drafts_samples_what_the_rejection_sampler_samples(child_results, case):
     assert child_results[case] == [True] * 20
+
+
+def test_greedy_verification_emits_what_the_rejection_sampler_emits(child_results):
+    r = child_results["greedy_verify"]
+    assert r["same"] == [True] * 40
+    # the comparison covers rows with tied maxima and accepted drafts (more tokens than bonus tokens)
+    assert r["ties"] > 0 and r["emitted"] > 40 * 6
+
+
+def test_greedy_verification_declines_what_it_does_not_cover(child_results):
+    assert child_results["greedy_declines"] == {
+        "sampled": True,
+        "logprobs": True,
+        "penalties": True,
+        "bad_words": True,
+        "logit_bias": True,
+        "synthetic": True,
+        "unused_bias_taken": True,
+    }
 
 
 def test_recovered_tokens_follow_the_residual_distribution_as_vllms_do(child_results):

@@ -348,6 +348,7 @@ class AdaptiveSpec:
         fix_recovered_token_sampling()  # vLLM 0.32 CPU: one uniform per recovered token
         # Steps without draft tokens sampled without the rejection sampler (stats()).
         self.plain_sampler_steps = 0
+        self.greedy_verify_steps = 0
         self.llm = llm
         self.core = core
         self.scheduler = core.scheduler
@@ -626,7 +627,7 @@ class AdaptiveSpec:
         orig_post = self._patch(core, "post_step", None)
         rs = self.runner.rejection_sampler
         orig_rs = self._patch(rs, "forward", None)
-        from adaptive_spec.vllm.sampling import sample_without_drafts
+        from adaptive_spec.vllm.sampling import sample_without_drafts, verify_greedy
 
         def schedule(*args: Any, **kwargs: Any) -> Any:
             self._t_schedule = time.perf_counter()
@@ -697,6 +698,21 @@ class AdaptiveSpec:
                 out = None
             if out is not None:
                 self.plain_sampler_steps += 1
+                return out
+            # A greedy step with drafts and untouched logits: one argmax over every row in the
+            # logits' own dtype, no float32 copies (adaptive_spec.vllm.sampling.verify_greedy).
+            try:
+                out = verify_greedy(
+                    metadata,
+                    logits,
+                    sampling_metadata,
+                    synthetic_mode=bool(getattr(rs, "synthetic_mode", False)),
+                )
+            except Exception as e:
+                self.driver.fault("greedy verification", e)
+                out = None
+            if out is not None:
+                self.greedy_verify_steps += 1
                 return out
             return orig_rs(metadata, draft_probs, logits, sampling_metadata)
 
@@ -1032,14 +1048,15 @@ class AdaptiveSpec:
         """Per arm, per proposer and per category: request-steps, drafted, accepted, acceptance rate, mean
         accepted length (tokens committed per verification) and attributed goodput (tokens/s); plus step
         totals, controller overhead, faults, the steps without draft tokens sampled without the
-        rejection sampler (``plain_sampler_steps``, :mod:`adaptive_spec.vllm.sampling`) and (for the
-        adaptive controller) the safety rule's standing against its baseline. Definitions:
+        rejection sampler (``plain_sampler_steps``, :mod:`adaptive_spec.vllm.sampling`), the greedy steps
+        with drafts verified without it (``greedy_verify_steps``) and (for the adaptive controller) the safety rule's standing against its baseline. Definitions:
         :mod:`adaptive_spec.metrics`."""
         d = self.metrics.as_dict()
         d["policy"] = self.policy.name
         d["max_k"] = self.max_k
         d["tracked_requests"] = self.driver.num_tracked()
         d["plain_sampler_steps"] = self.plain_sampler_steps
+        d["greedy_verify_steps"] = self.greedy_verify_steps
         ctrl = getattr(self.policy, "stats", None)
         if callable(ctrl):
             try:
