@@ -690,30 +690,35 @@ class AdaptiveSpec:
                 self.driver.fault("target argmax", e)
             self._hook_s += time.perf_counter() - t0
             # A step without draft tokens: vLLM's sampler on the bonus rows, as the rejection sampler
-            # would sample them, without its per-vocabulary noise (adaptive_spec.vllm.sampling).
-            try:
-                out = sample_without_drafts(rs.sampler, metadata, logits, sampling_metadata)
-            except Exception as e:
-                self.driver.fault("sampler without drafts", e)
-                out = None
-            if out is not None:
-                self.plain_sampler_steps += 1
-                return out
-            # A greedy step with drafts and untouched logits: one argmax over every row in the
-            # logits' own dtype, no float32 copies (adaptive_spec.vllm.sampling.verify_greedy).
-            try:
-                out = verify_greedy(
-                    metadata,
-                    logits,
-                    sampling_metadata,
-                    synthetic_mode=bool(getattr(rs, "synthetic_mode", False)),
-                )
-            except Exception as e:
-                self.driver.fault("greedy verification", e)
-                out = None
-            if out is not None:
-                self.greedy_verify_steps += 1
-                return out
+            # would sample them, without its per-vocabulary noise; a greedy step with drafts and
+            # untouched logits: one argmax over every row in the logits' own dtype, no float32
+            # copies (adaptive_spec.vllm.sampling). Either returns None where it does not apply.
+            shortcuts = (
+                (
+                    "sampler without drafts",
+                    "plain_sampler_steps",
+                    sample_without_drafts,
+                    rs.sampler,
+                ),
+                ("greedy verification", "greedy_verify_steps", verify_greedy, None),
+            )
+            for where, counter, shortcut, sampler in shortcuts:
+                try:
+                    if sampler is not None:
+                        out = shortcut(sampler, metadata, logits, sampling_metadata)
+                    else:
+                        out = shortcut(
+                            metadata,
+                            logits,
+                            sampling_metadata,
+                            synthetic_mode=bool(getattr(rs, "synthetic_mode", False)),
+                        )
+                except Exception as e:
+                    self.driver.fault(where, e)
+                    out = None
+                if out is not None:
+                    setattr(self, counter, getattr(self, counter) + 1)
+                    return out
             return orig_rs(metadata, draft_probs, logits, sampling_metadata)
 
         if self.engine_method == "ngram":
