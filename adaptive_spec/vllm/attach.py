@@ -1054,8 +1054,8 @@ class AdaptiveSpec:
         accepted length (tokens committed per verification) and attributed goodput (tokens/s); plus step
         totals, controller overhead, faults, the steps without draft tokens sampled without the
         rejection sampler (``plain_sampler_steps``, :mod:`adaptive_spec.vllm.sampling`), the greedy steps
-        with drafts verified without it (``greedy_verify_steps``) and (for the adaptive controller) the safety rule's standing against its baseline. Definitions:
-        :mod:`adaptive_spec.metrics`."""
+        with drafts verified without it (``greedy_verify_steps``) and (for the adaptive controller) the
+        safety rule's standing against its baseline. Definitions: :mod:`adaptive_spec.metrics`."""
         d = self.metrics.as_dict()
         d["policy"] = self.policy.name
         d["max_k"] = self.max_k
