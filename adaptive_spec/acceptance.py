@@ -13,7 +13,9 @@ prior ``(a, b)`` comes from a shipped prior state or a generic default. The cell
 * **history bucket**: this request's own recent per-position acceptance for this proposer (an
   exponential moving average; none yet / < 0.2 / < 0.6 / >= 0.6). A request that copies text keeps
   copying; one that does not keeps rejecting;
-* **match bucket**: the proposer's match feature (n-gram: the suffix n-gram length matched; suffix:
+* **match bucket**: the proposer's match feature (n-gram: the suffix n-gram length matched when every
+  earlier occurrence of that suffix was followed by the same token, else 0, the bucket of a match whose
+  occurrences disagree on what comes next; suffix:
   its own estimate of the first draft token's probability; Jacobi: the candidate's length), cut at
   per-proposer thresholds.
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from adaptive_spec.arms import NO_SPEC, Arm
 from adaptive_spec.metrics import SpecMetrics
-from adaptive_spec.proposers.base import EMPTY, ProposalRequest, Proposer
+from adaptive_spec.proposers.base import EMPTY, ProposalRequest, Proposer, controller_feature
 from adaptive_spec.protocol import RequestOutcome, RequestView, SpecPolicy, StepOutcome, StepView
 from adaptive_spec.trace import TraceWriter
 
@@ -285,11 +285,10 @@ class StepDriver:
                 out = prop.propose(preqs, ks)
                 # The controller's match feature: the proposer's own when it has one (suffix: its
                 # estimated first-token probability), else its match length.
-                feature = getattr(prop, "match_feature", None) or prop.match_length
                 for v, pr, d in zip(views, preqs, out, strict=True):
                     v.drafts[name] = d
                     if len(d):
-                        v.match_lengths[name] = int(feature(pr))
+                        v.match_lengths[name] = controller_feature(prop, pr)
         if external_drafts:
             for name, by_req in external_drafts.items():
                 feats = (external_match or {}).get(name, {})

@@ -90,6 +90,7 @@ def ngram_counterfactual(
         proposer's ``match_length`` there (the controller's feature; 0 when the draft is empty).
     """
     from adaptive_spec.proposers import NgramProposer, ProposalRequest
+    from adaptive_spec.proposers.base import controller_feature
 
     prop = proposer or NgramProposer(min_n=min_n, max_n=max_n, max_k=max_k, window=window)
     prompt = np.asarray(prompt_token_ids, dtype=np.int64)
@@ -112,7 +113,7 @@ def ngram_counterfactual(
     feats = np.zeros(L, dtype=np.int64)
     for n, (r, d) in enumerate(zip(reqs, drafts, strict=True)):
         table.append(np.asarray(d, dtype=np.int64))
-        feats[n] = int(prop.match_length(r)) if len(d) else 0
+        feats[n] = controller_feature(prop, r) if len(d) else 0
     return table, feats
 
 
@@ -155,6 +156,7 @@ def suffix_counterfactual(
         without ``tenant_of``).
     """
     from adaptive_spec.proposers import ProposalRequest, SuffixProposer
+    from adaptive_spec.proposers.base import controller_feature
 
     max_k = trace.header.get("max_k")
     if not isinstance(max_k, int) or max_k < 1:
@@ -197,11 +199,11 @@ def suffix_counterfactual(
             batch.append(ProposalRequest(rid, toks, int(budget), vocab))
         if batch:
             drafts = prop.propose(batch, [max_k] * len(batch))
-            for r, d in zip(rows, drafts, strict=True):
+            for r, req, d in zip(rows, batch, drafts, strict=True):
                 rid, n = r["req_id"], r["num_output_before"]
                 if n < len(cf.tables[rid]["suffix"]):
                     cf.tables[rid]["suffix"][n] = np.asarray(d, dtype=np.int64)
-                    cf.features[rid]["suffix"][n] = prop.last_features[rid].match_length
+                    cf.features[rid]["suffix"][n] = controller_feature(prop, req) if len(d) else 0
         for r in s.get("requests", []):
             if r.get("finished"):
                 prop.release(r["req_id"])

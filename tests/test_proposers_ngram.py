@@ -69,3 +69,45 @@ def test_match_length_after_propose_equals_a_fresh_lookup() -> None:
     assert p.match_length(grown) == 2
     grown.token_ids = np.array([1, 2, 3, 1, 2, 5], dtype=np.int64)
     assert p.match_length(grown) == fresh.match_length(grown) == 0
+
+
+def _agrees_by_brute_force(toks: np.ndarray, n: int, window: int) -> bool:
+    """Every earlier occurrence of the last ``n`` tokens inside the window, and what followed it."""
+    lo = max(0, len(toks) - window)
+    suffix = toks[-n:].tolist()
+    nxt = [
+        int(toks[e + 1])
+        for e in range(lo + n - 1, len(toks) - 1)
+        if toks[e - n + 1 : e + 1].tolist() == suffix
+    ]
+    return bool(nxt) and len(set(nxt)) == 1
+
+
+def test_next_token_agreement_equals_a_brute_force_scan() -> None:
+    from adaptive_spec.proposers._fastpath import ngram_next_agrees
+
+    rng = np.random.default_rng(11)
+    seen = {True: 0, False: 0}
+    for _ in range(400):
+        toks = rng.integers(0, 4, size=int(rng.integers(1, 40))).astype(np.int64)
+        n = int(rng.integers(1, 5))
+        window = int(rng.integers(2, 48))
+        want = _agrees_by_brute_force(toks, n, window) if len(toks) > n else False
+        assert ngram_next_agrees(toks, n, window) == want, (toks.tolist(), n, window)
+        seen[want] += 1
+    assert seen[True] > 20 and seen[False] > 20  # both outcomes exercised
+
+
+def test_match_feature_is_the_match_length_only_when_the_occurrences_agree() -> None:
+    p = NgramProposer(min_n=2, max_n=3, max_k=4)
+    # "5 6" was followed by 7 both times: the feature is the matched length.
+    agree = ProposalRequest("a", np.array([5, 6, 7, 9, 5, 6, 7, 8, 5, 6], dtype=np.int64), 10, 10)
+    # "5 6" was followed by 7 once and by 8 once: the feature is 0 (its own acceptance cell).
+    split = ProposalRequest("b", np.array([5, 6, 7, 9, 5, 6, 8, 1, 5, 6], dtype=np.int64), 10, 10)
+    none = ProposalRequest("c", np.arange(10, dtype=np.int64), 10, 10)
+    drafts = p.propose([agree, split, none], [4, 4, 4])
+    assert drafts[0].tolist() == [7, 8, 5, 6] and drafts[1].tolist() == [8, 1, 5, 6]
+    assert p.match_length(agree) == p.match_length(split) == 2
+    assert p.match_feature(agree) == 2
+    assert p.match_feature(split) == 0
+    assert p.match_feature(none) == 0 and len(drafts[2]) == 0

@@ -19,23 +19,32 @@ from adaptive_spec.sim.counterfactual import (
 from adaptive_spec.sim.requests import matched_length
 
 from adaptive_spec.proposers import NgramProposer, ProposalRequest
+from adaptive_spec.proposers.base import controller_feature
 from adaptive_spec.trace import TraceWriter, read_trace
 
 
 def test_ngram_rerun_equals_proposer_on_each_prefix() -> None:
     rng = np.random.default_rng(0)
     prompt = rng.integers(3, 40, size=20)
-    out = np.concatenate([prompt[5:15], rng.integers(3, 40, size=10), prompt[:8]])
-    table, feats = ngram_counterfactual(prompt, out, 5, max_tokens=40, min_n=2, max_n=3)
+    # prompt[4:7] once more, followed by a token the prompt did not have there (41): when the output
+    # copies prompt[:8], that suffix's occurrences disagree on what comes next.
+    out = np.concatenate(
+        [prompt[5:15], prompt[4:7], [41], rng.integers(3, 40, size=10), prompt[:8]]
+    )
+    table, feats = ngram_counterfactual(prompt, out, 5, max_tokens=44, min_n=2, max_n=3)
     prop = NgramProposer(min_n=2, max_n=3, max_k=5)
     seq = np.concatenate([prompt, out])
     assert len(table) == len(out)
+    split = 0
     for n in range(len(out)):
-        r = ProposalRequest("x", seq[: len(prompt) + n], 40 - n, 1000)
+        r = ProposalRequest("x", seq[: len(prompt) + n], 44 - n, 1000)
         d = prop.propose([r], [5])[0]
         np.testing.assert_array_equal(table[n], d)
-        assert feats[n] == (prop.match_length(r) if d.size else 0)
+        # The controller's feature, as the step driver computes it in the engine.
+        assert feats[n] == (controller_feature(prop, r) if d.size else 0)
+        split += bool(d.size) and prop.match_feature(r) == 0 < prop.match_length(r)
     assert sum(d.size > 0 for d in table) > 5  # the lookup found matches
+    assert split > 0  # and some whose occurrences disagree (feature 0, not the match length)
 
 
 def _write_trace(path: Path, prompt: np.ndarray, out: np.ndarray, k: int) -> None:

@@ -61,6 +61,36 @@ def ngram_draft(
     return out[:n_out], best
 
 
+@njit(cache=True)
+def ngram_next_agrees(tokens: np.ndarray, n: int, window: int) -> bool:
+    """Whether every earlier occurrence of the history's last ``n`` tokens within the last
+    ``window`` tokens was followed by the same token, compiled (Numba). ``tokens``: int64 [m],
+    C-contiguous; ``n`` >= 1 (a matched suffix length). False when the suffix does not occur.
+
+    A suffix whose occurrences disagree on what came next is a weaker bet: on 32 mixed prompts at
+    concurrency 4 the first n-gram draft token was accepted 0.40-0.52 of the time after such a
+    match against 0.65-0.88 after one whose occurrences agree (greedy; 0.13-0.21 against
+    0.38-0.73 at temperature 1). O(window * n)."""
+    n_tok = tokens.shape[0]
+    lo = n_tok - window if n_tok > window else 0
+    if n < 1 or n_tok - lo < n + 1:
+        return False
+    found = False
+    nxt = tokens[0]
+    for e in range(n_tok - 2, lo + n - 2, -1):
+        m = 0
+        while m < n and tokens[e - m] == tokens[n_tok - 1 - m]:
+            m += 1
+        if m < n:
+            continue
+        if not found:
+            found = True
+            nxt = tokens[e + 1]
+        elif tokens[e + 1] != nxt:
+            return False
+    return found
+
+
 _ngram_warm = False
 
 
@@ -69,6 +99,7 @@ def warm_up_ngram() -> None:
     global _ngram_warm
     if not _ngram_warm:
         ngram_draft(np.array([1, 2, 1, 2], dtype=np.int64), 2, 1, 2, 16, 10)
+        ngram_next_agrees(np.array([1, 2, 1, 2], dtype=np.int64), 1, 16)
         _ngram_warm = True
 
 

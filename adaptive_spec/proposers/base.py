@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -83,6 +84,15 @@ class Proposer(ABC):
 
     def release(self, req_id: str) -> None:  # noqa: B027 - stateless proposers keep nothing
         """Drop any per-request state of ``req_id`` (no-op when there is none)."""
+
+
+def controller_feature(proposer: Any, request: ProposalRequest) -> int:
+    """The controller's match feature of ``request`` for ``proposer``: its own ``match_feature``
+    when it has one (n-gram: the matched length, 0 when the suffix's occurrences disagree on the
+    next token; suffix: its estimated first-token probability in tenths), else its
+    ``match_length``. The step driver and the replay's recomputed drafts both take it from here."""
+    feature = getattr(proposer, "match_feature", None) or proposer.match_length
+    return int(feature(request))
 
 
 def check_max_k(max_k: object) -> int:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..kernels import check_ngram_config, ngram_match
-from ._fastpath import ngram_draft, warm_up_ngram
+from ._fastpath import ngram_draft, ngram_next_agrees, warm_up_ngram
 from .base import (
     EMPTY,
     ProposalRequest,
@@ -181,3 +181,16 @@ class NgramProposer(Proposer):
         if hit is not None and hit[0] is request and hit[1] == _length(request.token_ids):
             return hit[2]
         return self._one(request, 0, 1)[1]
+
+    def match_feature(self, request: ProposalRequest) -> int:
+        """The controller's context feature: the matched suffix length (:meth:`match_length`) when
+        every occurrence of that suffix in the window was followed by the same token, else 0 (its
+        own acceptance cell: a suffix whose occurrences disagree on what comes next is a weaker
+        bet, :func:`~adaptive_spec.proposers._fastpath.ngram_next_agrees`). 0 without a match."""
+        n = self.match_length(request)
+        if n <= 0:
+            return 0
+        toks = request.token_ids
+        if not _lookup_ready(toks):
+            toks = np.ascontiguousarray(as_tokens(toks))
+        return n if ngram_next_agrees(toks, n, self.window) else 0
