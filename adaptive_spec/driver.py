@@ -283,8 +283,6 @@ class StepDriver:
                         views[i].match_lengths[name] = len(d)
                     continue
                 out = prop.propose(preqs, ks)
-                # The controller's match feature: the proposer's own when it has one (suffix: its
-                # estimated first-token probability), else its match length.
                 for v, pr, d in zip(views, preqs, out, strict=True):
                     v.drafts[name] = d
                     if len(d):

@@ -87,7 +87,9 @@ def ngram_counterfactual(
     -------
     (DraftTable, numpy.ndarray of int64, shape [L])
         The int64 draft at each position ``n`` (empty when the lookup finds no match) and the
-        proposer's ``match_length`` there (the controller's feature; 0 when the draft is empty).
+        controller's match feature there
+        (:func:`adaptive_spec.proposers.base.controller_feature`, as the step driver computes it; 0 when
+        the draft is empty).
     """
     from adaptive_spec.proposers import NgramProposer, ProposalRequest
     from adaptive_spec.proposers.base import controller_feature
