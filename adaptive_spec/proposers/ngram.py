@@ -44,6 +44,12 @@ def _lookup_ready(toks: object) -> bool:
     )
 
 
+def _history(request: ProposalRequest) -> np.ndarray:
+    """The request's history as the compiled lookups take it (int64, 1-D, C-contiguous)."""
+    toks = request.token_ids
+    return toks if _lookup_ready(toks) else np.ascontiguousarray(as_tokens(toks))
+
+
 class NgramProposer(Proposer):
     """Prompt-lookup proposer (Saxena 2023; vLLM's ``ngram`` method), stateless.
 
@@ -108,11 +114,8 @@ class NgramProposer(Proposer):
         self._matched: dict[int, tuple[ProposalRequest, int, int]] = {}
 
     def _one(self, request: ProposalRequest, cap: int, vocab: int) -> tuple[np.ndarray, int]:
-        toks = request.token_ids
-        if not _lookup_ready(toks):
-            toks = np.ascontiguousarray(as_tokens(toks))
         vocab = min(max(vocab, 0), _INT64_MAX)
-        return ngram_draft(toks, cap, self.min_n, self.max_n, self.window, vocab)
+        return ngram_draft(_history(request), cap, self.min_n, self.max_n, self.window, vocab)
 
     def propose(self, requests: Sequence[ProposalRequest], ks: Sequence[int]) -> list[np.ndarray]:
         """Prompt-lookup drafts per request (see :meth:`Proposer.propose`)."""
@@ -190,7 +193,4 @@ class NgramProposer(Proposer):
         n = self.match_length(request)
         if n <= 0:
             return 0
-        toks = request.token_ids
-        if not _lookup_ready(toks):
-            toks = np.ascontiguousarray(as_tokens(toks))
-        return n if ngram_next_agrees(toks, n, self.window) else 0
+        return n if ngram_next_agrees(_history(request), n, self.window) else 0
