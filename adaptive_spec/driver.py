@@ -371,12 +371,16 @@ class StepDriver:
         queue_len: int = 0,
         start_time: float = 0.0,
         controller_time_s: float = 0.0,
+        drafter_time_s: float = 0.0,
+        drafter_adapters: bool = False,
     ) -> StepOutcome:
         """Feed one step to the policy, the metrics and the trace; release finished requests.
 
         ``step_time_s`` is the step's full cost (seconds; the vLLM adapter measures from one
         ``schedule()`` to the next, so the controller pays for itself). ``controller_time_s``: time
-        the adapter spent in hooks for this step, added to the driver's own. A policy error loses the
+        the adapter spent in hooks for this step, added to the driver's own. ``drafter_time_s``: the
+        part of the step a draft model's pass took (s), ``drafter_adapters``: whether it applied a
+        LoRA adapter (:class:`~adaptive_spec.protocol.StepOutcome`). A policy error loses the
         policy's update, never the step's metrics and trace record."""
         t0 = time.perf_counter()
         outcomes: list[RequestOutcome] = []
@@ -444,7 +448,13 @@ class StepDriver:
                 n * share, n,
             )  # fmt: skip
         outcome = StepOutcome(
-            outcomes, step_time_s, batch_size, num_verified_tokens, num_prefill_tokens
+            outcomes,
+            step_time_s,
+            batch_size,
+            num_verified_tokens,
+            num_prefill_tokens,
+            drafter_time_s,
+            drafter_adapters,
         )
         try:
             if outcomes or valid_time:
@@ -468,6 +478,8 @@ class StepDriver:
                     "batch_size": batch_size,
                     "num_verified_tokens": num_verified_tokens,
                     "num_prefill_tokens": num_prefill_tokens,
+                    "drafter_time_s": drafter_time_s,
+                    "drafter_adapters": drafter_adapters,
                     "queue_len": queue_len,
                     "fault": self.last_fault,
                     "decision": self._decision_info,

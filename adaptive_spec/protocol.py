@@ -83,13 +83,17 @@ class RequestOutcome:
 @dataclass(slots=True)
 class StepOutcome:
     """One engine step: per-request outcomes, wall time (seconds), requests in the step, draft tokens
-    verified, and prompt (prefill) tokens computed."""
+    verified, and prompt (prefill) tokens computed. On an engine with a draft model,
+    ``drafter_time_s`` is the part of ``step_time_s`` that the draft model's pass took (seconds; 0
+    elsewhere) and ``drafter_adapters`` whether that pass applied a LoRA adapter to some request."""
 
     requests: list[RequestOutcome]
     step_time_s: float
     batch_size: int
     num_verified_tokens: int
     num_prefill_tokens: int = 0
+    drafter_time_s: float = 0.0
+    drafter_adapters: bool = False
 
 
 class SpecPolicy(ABC):
@@ -147,6 +151,12 @@ class SpecPolicy(ABC):
         one's drafts exist at the next decision. ``None`` (the default) leaves the choice to the caller
         (keep the adapter of the chosen arm, else the current one)."""
         return None
+
+    def drafter_adapters_wanted(self) -> bool:
+        """Whether the drafter's next pass may apply LoRA adapters (default: yes). A pass that
+        applies one costs more than a plain one; with False every request's next drafts come from
+        the base draft model."""
+        return True
 
 
 def matched_prefix(draft: np.ndarray, emitted: list[int] | np.ndarray) -> int:

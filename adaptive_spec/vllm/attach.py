@@ -475,6 +475,7 @@ class AdaptiveSpec:
         self._post_prev_s = 0.0  # duration of the previous post_step (engine drafter + decision)
         self._hook_s = 0.0  # adapter time inside the current step (argmax, bookkeeping)
         self._decide_s = 0.0  # the decision after the previous step
+        self._drafter_s = 0.0  # the draft model's passes inside the current step (draft engines)
         self._orig_ngram_propose: Callable[..., Any] | None = None  # vLLM's n-gram drafter
         self._ngram_args: tuple[Any, ...] | None = None  # its arguments at the last step
         self._calib: Any = None  # a calibration in progress (adaptive_spec.vllm.calibrate)
@@ -734,6 +735,21 @@ class AdaptiveSpec:
                 return [[] for _ in sampled_token_ids]
 
             drafter.propose = propose
+        if self.engine_method in DRAFT_METHODS:
+            # The draft model's pass is timed: it is part of the step's time that the controller's
+            # decisions do not change, except through LoRA adapters (see the controller's drafter
+            # cost), and the step-cost table must not absorb it.
+            drafter = self.runner.drafter
+            orig_draft_propose = self._patch(drafter, "propose", None)
+
+            def draft_propose(*args: Any, **kw: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return orig_draft_propose(*args, **kw)
+                finally:
+                    self._drafter_s += time.perf_counter() - t0
+
+            drafter.propose = draft_propose
         # Install the real closures (the placeholders above recorded the originals).
         sched.schedule = schedule
         sched.update_from_output = update_from_output
@@ -902,8 +918,12 @@ class AdaptiveSpec:
         else:
             start = self._t_schedule if self._t_schedule is not None else tau
             step_time = (tau - start) + self._post_prev_s
+        drafter_s, self._drafter_s = self._drafter_s, 0.0
         if self._calib is not None:
-            self._calib.record(len(pre["reqs"]), pre["verified"], pre["prefill"], step_time)
+            # The table prices the target's step; a draft model's pass is measured apart.
+            self._calib.record(
+                len(pre["reqs"]), pre["verified"], pre["prefill"], step_time - drafter_s
+            )
             self._hook_s = 0.0
             return
         driver = self.driver
@@ -947,6 +967,8 @@ class AdaptiveSpec:
             queue_len=len(self.scheduler.waiting),
             start_time=self._t_schedule or tau,
             controller_time_s=hook_s + self._decide_s,
+            drafter_time_s=drafter_s,
+            drafter_adapters=self.lora is not None and self.lora.last_pass_adapters,
         )
         self._decide_s = 0.0
 
@@ -1026,8 +1048,9 @@ class AdaptiveSpec:
             external_drafts=external,
         )
         if self.lora is not None:
+            wanted = self.policy.drafter_adapters_wanted()
             for rid, arm in zip(dec.req_ids, dec.arms, strict=True):
-                self._set_next_drafter(rid, arm)
+                self._set_next_drafter(rid, arm, wanted)
         return dec
 
     def _drafts_source(self, rid: str) -> str:
@@ -1037,8 +1060,12 @@ class AdaptiveSpec:
         name = self.lora.adapter_of_last_drafts(rid)
         return "draft" if name is None else f"lora:{name}"
 
-    def _set_next_drafter(self, rid: str, arm: Arm) -> None:
-        """Choose the adapter of ``rid``'s next drafter pass (see ``lora_adapters``)."""
+    def _set_next_drafter(self, rid: str, arm: Arm, adapters_wanted: bool = True) -> None:
+        """Choose the adapter of ``rid``'s next drafter pass (see ``lora_adapters``); none while the
+        policy wants no adapter applied (:meth:`~adaptive_spec.protocol.SpecPolicy.drafter_adapters_wanted`)."""
+        if not adapters_wanted:
+            self.lora.set_request_adapter(rid, None)
+            return
         pick = self.policy.drafter_preference(rid, list(self.drafter_family))
         if pick not in self.drafter_family:
             if arm.proposer in self.drafter_family:
