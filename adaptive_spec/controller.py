@@ -76,6 +76,13 @@ moving acceptance rate of its played draft tokens stayed below 0.2, and from the
 prior or a loaded state already scored it: the rows cost about 0.2-0.5 ms of bfloat16 argmax over the
 vocabulary on 2 CPU cores, and Jacobi's own drafting about 0.05 ms per request).
 Jacobi drafts exist only where such rows were recorded.
+
+A draft model's pass (engines built with one) is priced apart from the step-cost table
+(:mod:`adaptive_spec.drafter_cost`): the table and its load factor learn from the step minus that
+pass, and the predicted step time adds the plain pass's moving average. LoRA adapters make the pass
+cost more, so the next pass applies them only while their predicted extra tokens pay for that and
+the safety rule's slack covers it (with budgeted probes), and the baseline is never charged their
+extra time.
 """
 
 from __future__ import annotations
@@ -99,6 +106,7 @@ from adaptive_spec.arms import NO_SPEC, Arm
 from adaptive_spec.baselines import BatchSizeTablePolicy, StaticPolicy, default_baseline
 from adaptive_spec.cost_model import StepCostModel
 from adaptive_spec.cost_table import StepCostTable
+from adaptive_spec.drafter_cost import DrafterCost
 from adaptive_spec.protocol import Decision, SpecPolicy, StepOutcome, StepView
 from adaptive_spec.safety import BaselineTracker, ConservativeGuard
 
@@ -111,7 +119,6 @@ DECISION_FEATURES = (
     "expected_tokens",  # predicted tokens committed with the played arm
     "played_baseline",  # 1 when the safety rule played the baseline's decision
 )
-DRAFT_FAMILY = ("draft",)
 _NO_TOKENS = np.zeros(0, dtype=np.int64)
 # A no-speculation cost probe only while the decision's predicted goodput is below (1 + this) x the
 # step's without draft tokens: beyond it, an error in that cell's price changes nothing.
@@ -122,10 +129,6 @@ _JACOBI_RECENT = 256  # steps after Jacobi last paid during which it is shadowed
 # the embedded default, several times Jacobi's own there.
 _JACOBI_PAYS_RATE = 0.2
 _JACOBI_RATE_WEIGHT = 0.1
-
-
-def _is_draft_family(p: str) -> bool:
-    return p in DRAFT_FAMILY or p.startswith("lora:")
 
 
 def _flatten(
@@ -319,7 +322,10 @@ class AdaptiveController(SpecPolicy):
         ]
         self._arm_table.append([NO_SPEC] * (max_k + 1))
         self._base_index = self._pidx.get(self._base_proposer, -1) if self._base_proposer else -1
-        self._draft_family = np.array([_is_draft_family(p) for p in self.proposers], dtype=bool)
+        # LoRA-adapted drafts: their drafter pass costs more than a plain one (DrafterCost).
+        self._adapted = np.array([p.startswith("lora:") for p in self.proposers], dtype=bool)
+        self._has_adapted = bool(self._adapted.any())
+        self.drafter = DrafterCost()
         # Per-request slots.
         self._slot: dict[str, int] = {}
         self._free: list[int] = []
@@ -520,6 +526,13 @@ class AdaptiveController(SpecPolicy):
         sampled = sum(temp_l) / N
         B = view.batch_size
         curve_g, curve_s, mix = self.cost.part_curves(max(B, N), N * K, sampled)
+        # A draft model's pass (0 on other engines) is a fixed part of every step, outside the table
+        # and its load factor: added to both curves so that the kernel's load * curve includes it.
+        c_draft = self.drafter.plain_s
+        if c_draft > 0.0:
+            off, same_part = c_draft / self.cost.load, curve_s is curve_g
+            curve_g = curve_g + off
+            curve_s = curve_g if same_part else curve_s + off
         tracker = self.tracker
         bp = self._base_index
         kbase = self.baseline_k(B) if bp >= 0 else 0
@@ -571,12 +584,15 @@ class AdaptiveController(SpecPolicy):
             stale = tracker.length[slots] != pos
             for i in np.flatnonzero(stale).tolist():
                 tracker.reset_slot(int(slots[i]), int(pos[i]))
+        # What the controller's own decision gains from LoRA-adapted drafts (before the safety rule,
+        # which may play the baseline's: the adapters' worth is the decision's, not the baseline's).
+        adapter_gain = self._adapter_gain(N, P, buf) if self._has_adapted else None
         # The safety rule: the baseline's decision when a deviation could break the constraint.
         played_base = False
         probe = False
         if not same:
             if math.isnan(tb_pred):
-                tb_pred = self.cost.at(B, Vb, sampled)
+                tb_pred = self.cost.at(B, Vb, sampled) + c_draft
             lcb = max(float(N), e_ctrl - 2.0 * math.sqrt(var_ctrl))
             ucb_t = t_pred * math.exp(2.0 * self.cost.abs_log_residual)
             if not self.guard.allows(lcb, ucb_t, e_base / max(tb_pred, 1e-9)):
@@ -605,7 +621,8 @@ class AdaptiveController(SpecPolicy):
                 # where that price decides: while speculation's predicted advantage is small.
                 if (
                     self.cost.observed(B, 0) < self.cost.prior_weight
-                    and e_ctrl * self.cost.at(B, 0, sampled) < (1.0 + _PROBE_ADVANTAGE) * N * t_pred
+                    and e_ctrl * (self.cost.at(B, 0, sampled) + c_draft)
+                    < (1.0 + _PROBE_ADVANTAGE) * N * t_pred
                 ):
                     bi[:N, buf.c_ks] = 0
                     probe = True
@@ -616,6 +633,15 @@ class AdaptiveController(SpecPolicy):
             if V:
                 self._rest_count = 0
         self._lam = lam
+        if self._has_adapted:
+            # Whether the drafter's next pass applies LoRA adapters (adaptive_spec.drafter_cost).
+            fallback = e_base / max(tb_pred, 1e-9) if not math.isnan(tb_pred) else 0.0
+            self.drafter.decide(
+                adapter_gain,
+                e_ctrl / t_pred if t_pred > 0 else 0.0,
+                self.guard.slack(fallback),
+                (1.0 - self.guard.alpha) * self.guard.baseline_goodput(fallback),
+            )
         table = self._arm_table
         # (played proposer, played k) per request: adjacent columns, one conversion.
         played = bi[:N, buf.c_played : buf.c_ks + 1].tolist()
@@ -669,6 +695,40 @@ class AdaptiveController(SpecPolicy):
         self.n_steps += 1
         info = {"played_baseline": played_base, "probe": probe, "lambda": round(lam, 4)}
         return Decision(arms, propensities, feats, argmax_wanted, info)
+
+    def _adapter_gain(self, N: int, P: int, buf: kern.StepBuffers) -> float | None:
+        """The controller's decision's predicted extra tokens from LoRA-adapted drafts: over the
+        requests whose allocation plays one, its expected tokens minus those of the best other
+        offered proposer at the same k (at most its offered length; the base ``draft`` counts as
+        offered, since it drafts wherever no adapter applies). None when no adapted draft was offered
+        this step. Read before the safety rule may replace the allocation."""
+        bi = buf.ints
+        avail = bi[:N, :P]
+        if not (avail[:, self._adapted] > 0).any():
+            return None
+        ks, played = bi[:N, buf.c_ks], bi[:N, buf.c_choice]
+        rows = np.flatnonzero((ks > 0) & (played >= 0) & self._adapted[np.maximum(played, 0)])
+        if rows.size == 0:
+            return 0.0
+        n = rows.size
+        av = avail[rows]
+        d = self._pidx.get("draft", -1)
+        if d >= 0:
+            # The base draft drafts where no adapter applies: its acceptance cell prices it at the
+            # same k for the requests whose last drafts came from an adapter.
+            av[:, d] = np.maximum(av[:, d], ks[rows])
+        a = np.where(self._jpos[None, None, :] < av[:, :, None], buf.alpha[rows], 0.0)
+        e = np.cumsum(np.cumprod(a, axis=2), axis=2)  # expected accepted tokens at k = j + 1
+        e_k = e[np.arange(n), :, ks[rows] - 1]  # [n, P]
+        e_played = e_k[np.arange(n), played[rows]]
+        e_alt = np.where(self._adapted[None, :], 0.0, e_k).max(axis=1)
+        return float(np.maximum(e_played - e_alt, 0.0).sum())
+
+    def drafter_adapters_wanted(self) -> bool:
+        """Whether the drafter's next pass may apply LoRA adapters: while their predicted extra
+        tokens pay for their extra time and the safety rule's slack covers it, plus probes
+        (:class:`~adaptive_spec.drafter_cost.DrafterCost`); never on a rest step."""
+        return self.drafter.wanted and not self._resting
 
     def _allocate(
         self,
@@ -728,10 +788,14 @@ class AdaptiveController(SpecPolicy):
         t = outcome.step_time_s
         pend, self._pending = self._pending, None
         sampled = pend["sampled"] if pend is not None else 0.0
+        # A draft model's pass is priced apart from the table (adaptive_spec.drafter_cost); the part
+        # of it that LoRA adapters added is time the baseline would not have paid.
+        d = outcome.drafter_time_s
+        extra = self.drafter.observe(d, outcome.drafter_adapters) if d > 0 else 0.0
         self.cost.update(
             outcome.batch_size,
             outcome.num_verified_tokens,
-            t,
+            t - d if 0 < d < t else t,
             outcome.num_prefill_tokens,
             sampled=sampled,
         )
@@ -746,14 +810,15 @@ class AdaptiveController(SpecPolicy):
         # The safety rule compares the decided requests' tokens with the baseline's on them.
         self.guard.add_step(run_tokens, t)
         acc, tracker = self.acceptance, self.tracker
-        # The step's time under the baseline: measured + the table's difference.
+        # The step's time under the baseline: measured, without the adapters' extra drafter time,
+        # + the table's difference.
         base_time = math.nan
         if math.isfinite(t) and t > 0:
             B = pend["batch_size"]
             dt = self.cost.at(B, pend["Vb"], sampled) - self.cost.at(
                 B, outcome.num_verified_tokens, sampled
             )
-            base_time = max(t + dt, 1e-9)
+            base_time = max(t - extra + dt, 1e-9)
         # One compiled call: the decision's baseline drafts registered; acceptance labels and
         # histories; every row's committed tokens to the safety tracker (a draft registered on an
         # earlier step is resolved by the tokens committed after it, whatever the request played
@@ -888,9 +953,12 @@ class AdaptiveController(SpecPolicy):
     def drafter_preference(self, req_id: str, candidates: list[str]) -> str | None:
         """The draft-model proposer (``draft`` / ``lora:<name>``) with the highest upper confidence
         bound on expected accepted length at ``max_k`` for this request (its history bucket with
-        each; a candidate never observed is tried first). ``None`` if no candidate is enabled
-        here."""
+        each; a candidate never observed is tried first), among the LoRA adapters only on a probe of
+        their drafter cost (:class:`~adaptive_spec.drafter_cost.DrafterCost`). ``None`` if no
+        candidate is enabled here."""
         cands = [p for p in candidates if p in self._pidx]
+        if self.drafter.probing:
+            cands = [p for p in cands if self._adapted[self._pidx[p]]] or cands
         if not cands:
             return None
         if len(cands) == 1:
@@ -984,6 +1052,7 @@ class AdaptiveController(SpecPolicy):
             "load_factor": round(self.cost.load, 4),
             "cost_table": self.cost.table.source,
             "rest_steps": self.rest_steps,
+            **({"drafter": self.drafter.as_dict()} if self.drafter.n_plain else {}),
             "speculation_overhead_ms": {
                 str(b): round(1e3 * self.cost.load * self.cost.table.speculation_overhead(b), 3)
                 for b in (1, 4, 16)

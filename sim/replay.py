@@ -16,6 +16,14 @@ metrics, trace rows), so a policy behaves here as it does in vLLM. Per simulated
 5. call ``policy.observe`` with a :class:`~adaptive_spec.controller.StepOutcome` (emitted token ids = the
    true next tokens) and ``policy.release`` for finished requests.
 
+With ``drafter_pass_s = (plain, adapted)``, the run models an engine built with a draft model: its
+pass runs every step whatever is played, costing ``adapted`` seconds when the policy wanted LoRA
+adapters applied (:meth:`~adaptive_spec.protocol.SpecPolicy.drafter_adapters_wanted` after the
+step's decision; only a policy with a ``lora:<name>`` proposer applies any) and ``plain`` otherwise,
+and ``lora:<name>`` drafts are offered only at the step after an adapted pass, as in vLLM (the pass
+of a step makes the drafts the next one verifies). The pass's time and kind reach the policy's
+:class:`~adaptive_spec.protocol.StepOutcome`.
+
 Goodput is committed tokens over the summed step times. With a
 :class:`~adaptive_spec.trace.TraceWriter` the run is also written as a trace in the engine's schema
 (:mod:`adaptive_spec.trace`), which is how :mod:`adaptive_spec.sim.synthetic` records traces.
@@ -146,6 +154,7 @@ def replay(
     step_time_noise: float = 0.0,
     seed: int = 0,
     writer: TraceWriter | None = None,
+    drafter_pass_s: tuple[float, float] | None = None,
 ) -> ReplayResult:
     """Simulate ``policy`` over ``requests`` (see the module docstring).
 
@@ -167,6 +176,9 @@ def replay(
         Seeds the step-time noise.
     writer : TraceWriter, optional
         Also write the run as a trace (request and step lines).
+    drafter_pass_s : (float, float), optional
+        Seconds of a plain and of an adapted draft-model pass, charged every step (see the module
+        docstring); None (default): no draft-model pass beyond the profile's ``draft_passes``.
 
     Returns
     -------
@@ -184,9 +196,18 @@ def replay(
         raise ValueError(
             f"step_time_noise={step_time_noise!r} is invalid; allowed: a finite number >= 0"
         )
+    if drafter_pass_s is not None and not (
+        len(drafter_pass_s) == 2 and all(math.isfinite(x) and x >= 0 for x in drafter_pass_s)
+    ):
+        raise ValueError(
+            f"drafter_pass_s={drafter_pass_s!r} is invalid; allowed: None or (plain, adapted) "
+            "seconds, both finite and >= 0"
+        )
     _check_requests(requests)
     props = list(policy.proposers if proposers is None else proposers)
     props = [p for p in props if p != "none"]
+    has_adapted = any(p.startswith("lora:") for p in props)
+    adapted_pass = False  # whether the previous step's drafter pass applied adapters
     max_k = int(policy.max_k)
     rng = np.random.default_rng(seed)
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
@@ -228,6 +249,8 @@ def replay(
         match: dict[str, dict[str, int]] = {p: {} for p in props}
         for lv in decode:
             for p in props:
+                if drafter_pass_s is not None and not adapted_pass and p.startswith("lora:"):
+                    continue  # the last pass made no adapted drafts
                 d = lv.req.draft(p, lv.n)
                 if d is not None:
                     ext[p][lv.req.req_id] = d[:max_k]  # the engine verifies at most max_k
@@ -245,6 +268,8 @@ def replay(
             external_match=match,
         )
         res.policy_time_s += time.perf_counter() - t0
+        if drafter_pass_s is not None:
+            adapted_pass = has_adapted and policy.drafter_adapters_wanted()
         chosen = dict(zip(dec.req_ids, zip(dec.drafts, dec.arms, strict=True), strict=True))
         verified: list[VerifiedRequest] = []
         n_verified = 0
@@ -290,6 +315,10 @@ def replay(
         t_step = float(profile.step_time(B, n_verified, draft_passes, prefill))
         if sigma > 0:
             t_step *= float(np.exp(rng.normal(0.0, sigma) - 0.5 * sigma * sigma))
+        drafter_s = 0.0
+        if drafter_pass_s is not None:
+            drafter_s = drafter_pass_s[1] if adapted_pass else drafter_pass_s[0]
+            t_step += drafter_s
         t1 = time.perf_counter()
         driver.observe(
             verified,
@@ -299,6 +328,8 @@ def replay(
             num_prefill_tokens=prefill,
             queue_len=len(queue),
             start_time=clock,
+            drafter_time_s=drafter_s,
+            drafter_adapters=adapted_pass,
         )
         res.policy_time_s += time.perf_counter() - t1
         step_tok = sum(len(v.emitted_token_ids) for v in verified)

@@ -338,3 +338,101 @@ def test_rest_steps_keep_the_safety_rule_s_counterfactual_in_step():
     assert est is not None
     assert est == pytest.approx(res2.goodput / base.goodput, rel=0.05)
     assert res2.goodput >= base.goodput  # the baseline drafts into a dead regime
+
+
+# -- LoRA-adapted drafts: a drafter pass that costs more than the baseline's ----------------------
+PLAIN_PASS, ADAPTED_PASS = 0.090, 0.135  # seconds (batch 4, float32, 2 CPU cores: 85-96 / 130-150)
+
+
+def run_adapted_pair(lora_alpha: float, adapted_s: float = ADAPTED_PASS, seed: int = 8):
+    """The baseline (n-gram table) and the controller with ``ngram`` and ``lora:chat`` on an engine
+    whose draft-model pass costs PLAIN_PASS, or ``adapted_s`` when LoRA adapters apply."""
+    regime = Regime(
+        "chat",
+        {
+            "ngram": AcceptanceProcess(0.6, offer=0.35),
+            "lora:chat": AcceptanceProcess(lora_alpha, offer=1.0),
+        },
+    )
+    reqs = make_requests(stationary(regime, 8, 256), K, seed=seed)
+    prof = TableCostProfile(cpu_table())
+    passes = (PLAIN_PASS, adapted_s)
+    base = replay(
+        reqs,
+        BatchSizeTablePolicy(["ngram"], K, "ngram", TABLE),
+        prof,
+        max_batch=4,
+        drafter_pass_s=passes,
+    )
+    ctrl = AdaptiveController(
+        ["ngram", "lora:chat"],
+        K,
+        baseline=f"table:ngram:{_table_text()}",
+        alpha=ALPHA,
+        cost_table=cpu_table(),
+    )
+    res = replay(reqs, ctrl, prof, max_batch=4, drafter_pass_s=passes)
+    return base, res, ctrl
+
+
+def adapted_share(res) -> float:
+    rows = [r["arm"].startswith("lora:") for s in res.step_arms for r in s["requests"]]
+    return float(np.mean(rows))
+
+
+def test_adapters_that_do_not_pay_for_their_drafter_time_cost_at_most_alpha():
+    """Weak adapted drafts (acceptance 0.3) on a pass 45 ms dearer than the plain one: the safety rule
+    sees the extra time (the baseline is not charged it), so the run keeps within alpha of the
+    baseline, the adapters end up on probe steps only, and the guard's live ratio is the real one."""
+    base, res, ctrl = run_adapted_pair(0.3)
+    assert_conservative(base, res)
+    d = ctrl.drafter
+    assert d.n_plain > 0 and d.n_adapted > 0
+    assert d.extra_s == pytest.approx(ADAPTED_PASS - PLAIN_PASS, rel=1e-6)
+    assert d.n_adapted <= 0.15 * res.steps, (d.n_adapted, res.steps)
+    est = ctrl.guard.ratio()
+    assert est is not None and est == pytest.approx(res.goodput / base.goodput, abs=0.03)
+    # The table and its load factor learned the target's step, not the drafter's pass.
+    assert ctrl.cost.load == pytest.approx(1.0, abs=0.15)
+
+
+def test_adapters_that_pay_stay_on_and_beat_the_baseline():
+    """Strong adapted drafts (acceptance 0.9) on a pass only 5 ms dearer: adapters stay on for most
+    steps and the run beats the baseline."""
+    base, res, ctrl = run_adapted_pair(0.9, adapted_s=PLAIN_PASS + 0.005)
+    assert ctrl.drafter.n_adapted >= 0.8 * res.steps
+    assert adapted_share(res) >= 0.5
+    assert res.goodput >= 1.1 * base.goodput
+    assert_conservative(base, res)
+
+
+def test_drafter_cost_rule():
+    from adaptive_spec.drafter_cost import DrafterCost
+
+    d = DrafterCost(weight=0.5, probe_gap=2, max_probe_gap=8)
+    assert d.observe(0.1, True) == 0.0  # no plain pass seen yet: nothing to compare with
+    assert d.observe(0.09, False) == 0.0 and d.observe(0.11, False) == 0.0
+    assert d.plain_s == pytest.approx(0.10)
+    assert d.observe(0.16, True) == pytest.approx(0.06)
+    assert d.extra_s == pytest.approx(0.13 - 0.10)
+    for bad in (float("nan"), -1.0, 0.0, True):
+        assert d.observe(bad, True) == 0.0
+    assert d.n_adapted == 2
+    # Pays: 2 extra tokens per step against 0.03 s x 40 tokens/s = 1.2, and the slack covers it.
+    assert d.decide(2.0, 40.0, 5.0, 40.0) is True and d.wanted
+    # Does not pay: off, then probes at gaps 2, 4, 8, 8.
+    wanted = [d.decide(None if i % 3 else 0.0, 40.0, 5.0, 40.0) for i in range(30)]
+    on = [i for i, w in enumerate(wanted) if w]
+    assert np.diff(on).tolist()[:4] == [4, 8, 8, 8] or np.diff(on).tolist()[:3] == [4, 8, 8], on
+    assert d.probes == len(on)
+    # Pays per token but the safety rule's slack cannot cover the extra time: off (until a probe).
+    d2 = DrafterCost(probe_gap=64, max_probe_gap=64)
+    d2.observe(0.1, False)
+    d2.observe(0.2, True)
+    d2.decide(None, 40.0, 0.0, 40.0)  # the first decision after a plain pass probes
+    assert d2.decide(10.0, 40.0, -20.0, 40.0) is False
+    assert d2.decide(10.0, 40.0, 0.0, 40.0) is True
+    with pytest.raises(ValueError, match="weight=0"):
+        DrafterCost(weight=0)
+    with pytest.raises(ValueError, match="probe_gap=0"):
+        DrafterCost(probe_gap=0)
