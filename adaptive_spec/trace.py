@@ -9,7 +9,7 @@ File layout (JSON Lines):
 * one line per engine step (``"type": "step"``): ``step`` (int), ``time`` (s, monotonic clock),
   ``step_time_s`` (wall time of the engine step, seconds), ``controller_time_s`` (seconds spent in the
   controller for this step), ``batch_size`` (requests in the step), ``num_verified_tokens`` (draft tokens
-  verified in the step), ``num_prefill_tokens`` (prompt tokens computed in the step), ``queue_len``, ``fault`` (null or the controller error that made the step fall
+  verified in the step), ``num_prefill_tokens`` (prompt tokens computed in the step), ``drafter_time_s`` (seconds of the step that a draft model's pass took; 0 on other engines), ``drafter_adapters`` (whether that pass applied a LoRA adapter), ``queue_len``, ``fault`` (null or the controller error that made the step fall
   back), ``decision`` (null or the policy's facts about its decision, e.g. ``played_baseline``,
   ``probe``, ``lambda``; ``{"rest": true}`` for a rest step, in which no proposer ran and every request
   played ``none``: its rows have null ``propensity`` and ``cf_drafts`` and empty ``features``), and
