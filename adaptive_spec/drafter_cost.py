@@ -5,7 +5,7 @@ request, whatever the controller plays: that pass is a fixed part of the step, o
 step-cost table (which prices the target's verification) and outside the controller's decisions.
 LoRA adapters on the drafter (:class:`~adaptive_spec.lora_draft.LoraDraftManager`) change that: a
 pass in which some request uses an adapter runs the draft eagerly with the adapters' hooks, which
-on 2 CPU cores in float32 at batch 4 cost 45-75 ms more than the plain compiled pass (85-96 ms).
+on 2 CPU cores in float32 at batch 4 cost 44-67 ms more than the plain compiled pass (85-96 ms).
 An engine without the adapters (the baseline an operator would otherwise run) never pays it.
 
 :class:`DrafterCost` keeps moving averages of both kinds of pass, so that

@@ -276,7 +276,7 @@ class LoraDraftManager:
     ``do_not_compile`` flag on the draft's decoder stack): a graph compiled before the hooks existed
     would skip them. A pass in which no request uses one runs the compiled graph, as without the
     manager (on 2 CPU cores in float32 at batch 4, the eager pass cost 8-30 ms more than the
-    compiled one's 85-96 ms, and the adapters another 37-45 ms). :attr:`last_pass_adapters` says
+    compiled one's 85-96 ms, and the adapters another 36 ms). :attr:`last_pass_adapters` says
     which kind the last pass was. :meth:`detach` restores everything.
 
     Examples
