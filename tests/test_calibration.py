@@ -40,6 +40,32 @@ def test_calibration_drafts_spread_the_planned_tokens():
     assert cal.drafts([_Req("other")]) == ([], [])
 
 
+def test_calibration_alternates_even_and_concentrated_placement():
+    cal = Calibration(max_k=4, vocab_size=100, plan=[5, 9] * 2, per_repeat=2)
+    live = [_Req("a"), _Req("b"), _Req("c")]
+    cal.req_ids = {"a", "b", "c"}
+    even = [[len(x) for x in cal.drafts(live)[1]] for _ in range(2)]
+    conc = [[len(x) for x in cal.drafts(live)[1]] for _ in range(2)]
+    assert even == [[2, 2, 1], [3, 3, 3]]
+    # Repeat 2 puts the same V on as few requests as possible, from a rotating first request.
+    assert sorted(conc[0]) == [0, 1, 4] and sorted(conc[1]) == [1, 4, 4]
+    assert [sum(x) for x in even + conc] == [5, 9, 5, 9]
+
+
+@pytest.mark.parametrize("v", [0, 1, 3, 7, 12, 40])
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_placement_keeps_the_planned_tokens_and_the_cap(v, n):
+    from adaptive_spec.vllm.calibrate import placement
+
+    for conc in (False, True):
+        for start in range(n + 1):
+            ks = placement(v, n, 4, concentrated=conc, start=start)
+            assert len(ks) == n and sum(ks) == min(v, 4 * n) and max(ks) <= 4
+            used = sum(1 for k in ks if k)
+            # Concentrated: the fewest requests that hold v; even: the most.
+            assert used == (-(-min(v, 4 * n) // 4) if conc else min(v, n))
+
+
 def test_cached_table_roundtrip_and_key_matching(tmp_path, monkeypatch):
     monkeypatch.setenv("ADAPTIVE_SPEC_CACHE", str(tmp_path))
     key = {"model": "m", "dtype": "bfloat16", "threads": 2, "device": "cpu x"}
