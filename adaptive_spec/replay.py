@@ -33,7 +33,9 @@ def add_parser(sub: Any) -> None:
         default=DEFAULT_POLICIES,
         help="comma-separated policies: adaptive, adaptive-ucb, adaptive-greedy, adaptive-eps, none, "
         "static:<proposer>:<k>, table:<proposer>:<start>-<end>=<k>;..., smartspec[:<proposer>], "
-        "banditspec[:<proposer>], per-request-static, oracle (a table policy's rows are separated "
+        "banditspec[:<proposer>], per-request-static, oracle, adaptive-hindsight (the controller "
+        "started with the acceptance counts of the whole trace: what its context features allow) "
+        "(a table policy's rows are separated "
         f"by ';' here). Default {DEFAULT_POLICIES}",
     )
     p.add_argument(

@@ -5,6 +5,10 @@ cost model the oracle plans with. Given the recorded engine's key, the adaptive 
 that model's shipped acceptance prior, as it does in the engine.
 
 * ``oracle``: :class:`~adaptive_spec.sim.oracle.OraclePolicy` (needs the workload and cost profile);
+* ``adaptive-hindsight``: the adaptive controller started with the acceptance counts it learns over the
+  whole workload (:func:`hindsight_controller`): what the controller reaches when its acceptance model
+  already knows every context cell's frequency on these requests, which separates what its context
+  features can tell from what learning them online costs;
 * ``per-request-static``: :class:`~adaptive_spec.sim.oracle.PerRequestStaticPolicy`;
 * ``smartspec[:<proposer>]``, ``smartspec+[:<proposer>]``: :class:`~adaptive_spec.sim.peers.SmartSpecPolicy`
   (``+``: also scores unverified drafts);
@@ -16,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from adaptive_spec.controller import AdaptiveController
 from adaptive_spec.policies import POLICY_NAMES, make_policy
 from adaptive_spec.priors import apply_prior
 from adaptive_spec.protocol import SpecPolicy
@@ -28,6 +33,7 @@ from .requests import ReplayRequest
 SIM_POLICY_NAMES = (
     *POLICY_NAMES,
     "oracle",
+    "adaptive-hindsight",
     "per-request-static",
     "smartspec[:<proposer>]",
     "smartspec+[:<proposer>]",
@@ -68,6 +74,16 @@ def build_policy(
         )
     head, _, prop = name.partition(":")
     table = profile_table(profile, max_batch=max_batch, max_k=max_k)
+    if name == "adaptive-hindsight":
+        return hindsight_controller(
+            proposers,
+            max_k,
+            requests=requests,
+            profile=profile,
+            max_batch=max_batch,
+            seed=seed,
+            prior_key=prior_key,
+        )
     if head in ("smartspec", "smartspec+"):
         return SmartSpecPolicy(
             proposers,
@@ -90,3 +106,44 @@ def build_policy(
         # A policy without per-position acceptance counts gets none (apply_prior checks).
         apply_prior(policy, dict(prior_key))
     return policy
+
+
+def hindsight_controller(
+    proposers: list[str],
+    max_k: int,
+    *,
+    requests: list[ReplayRequest],
+    profile: CostProfile,
+    max_batch: int,
+    seed: int = 0,
+    prior_key: Mapping[str, Any] | None = None,
+) -> AdaptiveController:
+    """The adaptive controller (default settings, ``profile`` as its cost table, the shipped prior of
+    ``prior_key`` if given) whose acceptance model starts with the counts a first pass over
+    ``requests`` learned without forgetting (discount 1): the posterior of every context cell is
+    then its frequency on this very workload, shrunk to the prior.
+
+    Replaying it bounds what better acceptance learning could add with the same context features
+    (history and match buckets, position): its gap to ``oracle`` is what those features cannot tell.
+    The first pass replays ``requests`` once (as long as one ``adaptive`` replay).
+
+    Raises
+    ------
+    ValueError
+        As :class:`~adaptive_spec.controller.AdaptiveController` for invalid ``proposers``/``max_k``.
+    """
+    from .replay import replay
+
+    table = profile_table(profile, max_batch=max_batch, max_k=max_k)
+
+    def fresh(**kw: Any) -> AdaptiveController:
+        pol = AdaptiveController(proposers, max_k, cost_table=table, seed=seed, **kw)
+        if prior_key is not None:
+            apply_prior(pol, dict(prior_key))
+        return pol
+
+    learner = fresh(discount=1.0)
+    replay(requests, learner, profile, max_batch=max_batch, proposers=proposers)
+    pol = fresh()
+    pol.acceptance.load_state_dict(learner.acceptance.state_dict(), max_weight=None)
+    return pol

@@ -304,3 +304,34 @@ def test_replayed_controller_starts_from_the_shipped_prior_like_the_engine(tmp_p
         argv = ["replay", str(keyed), "--policies", "adaptive", "--out", str(out), *extra]
         assert cli_main(argv) == 0
         assert json.loads((out / "summary.json").read_text())["acceptance_prior"] == expected
+
+
+def test_hindsight_controller_starts_with_the_whole_workloads_acceptance_counts() -> None:
+    """``adaptive-hindsight`` is the adaptive controller whose acceptance counts are those a first
+    pass over the same requests learned without forgetting: same cells, same counts, the same
+    posterior table at its first step; it is a policy like any other (bounded by the oracle), and
+    the replay CLI accepts it."""
+    from adaptive_spec.sim.cost_profiles import profile_table
+    from adaptive_spec.sim.policies import build_policy, hindsight_controller
+
+    from adaptive_spec.controller import AdaptiveController
+
+    prof = PRESETS["cpu-smollm2"]
+    reqs = make_requests(named_workload("code-chat").specs, 8, seed=0)
+    table = profile_table(prof, max_batch=4, max_k=8)
+    learner = AdaptiveController(PROPS, 8, cost_table=table, discount=1.0)
+    replay(reqs, learner, prof, max_batch=4, proposers=PROPS)
+    hs = hindsight_controller(PROPS, 8, requests=reqs, profile=prof, max_batch=4)
+    cold = make_policy("adaptive", PROPS, 8)
+    judged = learner.acceptance.tri.sum()
+    assert judged > 100
+    np.testing.assert_allclose(hs.acceptance.tri, learner.acceptance.tri, atol=1e-3)
+    np.testing.assert_allclose(hs.acceptance.acc, learner.acceptance.acc, atol=1e-3)
+    assert hs.acceptance.tri.sum() > 0 == cold.acceptance.tri.sum()
+    assert not np.allclose(hs.acceptance.table(), cold.acceptance.table())
+    built = build_policy("adaptive-hindsight", PROPS, 8, requests=reqs, profile=prof, max_batch=4)
+    np.testing.assert_allclose(built.acceptance.tri, hs.acceptance.tri)
+    orc = OraclePolicy(PROPS, 8, requests=reqs, profile=prof, max_batch=4)
+    assert replay(reqs, hs, prof, max_batch=4).goodput <= replay(
+        reqs, orc, prof, max_batch=4
+    ).goodput * (1 + 1e-9)
