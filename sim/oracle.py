@@ -112,7 +112,7 @@ def plan_request(
                 choice = Arm(p, int(ks[j]))
         f[n] = best
         plan[n] = choice
-    total = weights.prefill(int(req.prompt_token_ids.shape[0])) + (f[1] if L > 1 else 0.0)
+    total = weights.prefill(req.prefill_len) + (f[1] if L > 1 else 0.0)
     return float(total), plan
 
 
@@ -212,7 +212,7 @@ def static_request_cost(req: ReplayRequest, arm: Arm, max_k: int, weights: StepW
     """Per-request cost (``weights``) of playing ``arm`` at every step, cut to the draft offered and
     to the budget as :class:`~adaptive_spec.baselines.StaticPolicy` does."""
     L = len(req)
-    total = weights.prefill(int(req.prompt_token_ids.shape[0]))
+    total = weights.prefill(req.prefill_len)
     n = 1
     while n < L:
         k = 0

@@ -11,7 +11,8 @@ metrics, trace rows), so a policy behaves here as it does in vLLM. Per simulated
 3. per request: cut the chosen proposer's draft to k (an empty draft means no speculation), accepted
    length = common prefix of the draft and the true next tokens, emitted = accepted + 1 (the bonus or
    correction token), truncated at the end of the output;
-4. charge the cost profile's step time for (batch size, verified tokens, draft passes, prefill tokens),
+4. charge the cost profile's step time for (batch size, verified tokens, draft passes, prefill tokens:
+   those the engine computed, :attr:`~adaptive_spec.sim.requests.ReplayRequest.prefill_len`),
    optionally with multiplicative log-normal noise;
 5. call ``policy.observe`` with a :class:`~adaptive_spec.controller.StepOutcome` (emitted token ids = the
    true next tokens) and ``policy.release`` for finished requests.
@@ -304,7 +305,7 @@ def replay(
             res.drafted += drafted
             res.accepted += accepted
         for lv in new:
-            prefill += int(lv.req.prompt_token_ids.shape[0])
+            prefill += lv.req.prefill_len
             lv.n = 1
             verified.append(
                 VerifiedRequest(

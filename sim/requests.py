@@ -61,6 +61,10 @@ class ReplayRequest:
         Per proposer, the controller's ``match_length`` feature at each position (the n-gram suffix
         length); absent: for logged Jacobi drafts the draft's length (0 for the initial guess, the last
         committed token repeated), 0 otherwise.
+    prefill_tokens : int or None
+        Prompt tokens the engine computed for this request (0..P): fewer than the prompt when its
+        prefix cache held the rest, as after ``adaptive-spec run``'s warm-up pass. None: the whole
+        prompt (:attr:`prefill_len`).
 
     Raises
     ------
@@ -78,6 +82,7 @@ class ReplayRequest:
     arrival_s: float = 0.0
     drafts: dict[str, DraftTable] = field(default_factory=dict)
     match_features: dict[str, np.ndarray] = field(default_factory=dict)
+    prefill_tokens: int | None = None
     _match: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -97,8 +102,27 @@ class ReplayRequest:
             raise ValueError(
                 f"arrival_s={self.arrival_s!r} is invalid; allowed: a finite number >= 0"
             )
+        if self.prefill_tokens is not None:
+            n_prompt = int(self.prompt_token_ids.shape[0])
+            if (
+                not isinstance(self.prefill_tokens, int | np.integer)
+                or not 0 <= self.prefill_tokens <= n_prompt
+            ):
+                raise ValueError(
+                    f"request {self.req_id!r}: prefill_tokens={self.prefill_tokens!r} is invalid; "
+                    f"allowed: an integer from 0 to the prompt length {n_prompt}, or None (the whole prompt)"
+                )
+            self.prefill_tokens = int(self.prefill_tokens)
         for p in list(self.drafts):
             self.set_drafts(p, self.drafts[p])
+
+    @property
+    def prefill_len(self) -> int:
+        """Prompt tokens a replay charges as this request's prefill (``prefill_tokens``, else the
+        whole prompt)."""
+        if self.prefill_tokens is None:
+            return int(self.prompt_token_ids.shape[0])
+        return self.prefill_tokens
 
     def __len__(self) -> int:
         return int(self.output_token_ids.shape[0])
@@ -248,6 +272,7 @@ def requests_from_trace(
     """
     outputs = outputs_from_trace(trace)
     logged = logged_drafts(trace, outputs) if use_logged else {}
+    computed = computed_prefill(trace)
     order = list(trace.requests) + [rid for rid in outputs if rid not in trace.requests]
     reqs = []
     for rid in order:
@@ -279,9 +304,41 @@ def requests_from_trace(
                 category=meta.get("category"),
                 drafts=tables,
                 match_features=feats,
+                prefill_tokens=computed.get(rid),
             )
         )
     return reqs
+
+
+def computed_prefill(trace: Trace) -> dict[str, int]:
+    """Prompt tokens the engine computed per request, from the steps' ``num_prefill_tokens`` (which
+    leave out what the prefix cache held): each step's count, plus that of earlier steps that
+    finished no prefill (chunks), is shared among the requests emitting their first token there in
+    proportion to their prompt lengths, capped at each prompt's length. Empty when the steps do not
+    log ``num_prefill_tokens`` (a replay then charges whole prompts). Returns request id -> tokens."""
+    out: dict[str, int] = {}
+    pending = 0
+    for s in trace.steps:
+        n = s.get("num_prefill_tokens")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            return {}
+        pending += n
+        new = [
+            r["req_id"]
+            for r in s.get("requests", [])
+            if r.get("num_output_before") == 0 and r.get("req_id") not in out
+        ]
+        if not new:
+            continue
+        lens = [len(trace.requests.get(rid, {}).get("prompt_token_ids") or []) for rid in new]
+        total = sum(lens)
+        left = pending
+        for i, (rid, plen) in enumerate(zip(new, lens, strict=True)):
+            share = left if i == len(new) - 1 else (pending * plen // total if total else 0)
+            out[rid] = min(plen, max(0, share))
+            left -= share
+        pending = 0
+    return out
 
 
 def recorded_goodput(trace: Trace) -> tuple[int, float]:

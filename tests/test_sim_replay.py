@@ -335,3 +335,67 @@ def test_hindsight_controller_starts_with_the_whole_workloads_acceptance_counts(
     assert replay(reqs, hs, prof, max_batch=4).goodput <= replay(
         reqs, orc, prof, max_batch=4
     ).goodput * (1 + 1e-9)
+
+
+def test_replay_charges_the_prefill_the_engine_computed(
+    static_trace: tuple[Path, float], tmp_path: Path
+) -> None:
+    """With a warm prefix cache the engine prefills only part of each prompt and its steps log that
+    count; replay charges each request the tokens its engine computed, so a profile fitted to the
+    trace still reproduces the trace's total time exactly, and a trace without the counts charges
+    whole prompts."""
+    path, _ = static_trace
+    cached, bare = [], []
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("type") == "step":
+            assert isinstance(rec.get("num_prefill_tokens"), int)
+            bare.append(json.dumps({k: v for k, v in rec.items() if k != "num_prefill_tokens"}))
+            rec["num_prefill_tokens"] //= 4  # the cache held about three quarters of each prompt
+            cached.append(json.dumps(rec))
+        else:
+            cached.append(line)
+            bare.append(line)
+    (tmp_path / "cached.jsonl").write_text("\n".join(cached) + "\n")
+    (tmp_path / "bare.jsonl").write_text("\n".join(bare) + "\n")
+    wl = load_replay_trace(tmp_path / "cached.jsonl")
+    logged = sum(s["num_prefill_tokens"] for s in wl.trace.steps)
+    prompts = sum(int(r.prompt_token_ids.shape[0]) for r in wl.requests)
+    assert 0 < logged < prompts / 2
+    assert sum(r.prefill_len for r in wl.requests) == logged
+    assert all(0 <= r.prefill_len <= r.prompt_token_ids.shape[0] for r in wl.requests)
+    static = StaticPolicy(PROPS, 8, Arm("ngram", 4))
+    prof = fit_linear_profile(wl.trace)
+    assert prof.c_prefill_token > 0
+    res = replay(wl.requests, static, prof, max_batch=wl.max_batch)
+    assert res.goodput == pytest.approx(wl.recorded_goodput, rel=1e-6)
+    full = load_replay_trace(tmp_path / "bare.jsonl")
+    assert all(r.prefill_tokens is None for r in full.requests)
+    assert [r.prefill_len for r in full.requests] == [
+        int(r.prompt_token_ids.shape[0]) for r in full.requests
+    ]
+
+
+def test_computed_prefill_shares_chunks_and_caps_at_the_prompt() -> None:
+    """A step's prefill count, with those of earlier chunk-only steps, goes to the requests whose
+    first token it emits, in proportion to their prompts, at most a prompt each; a bad count is
+    refused with the parameter named."""
+    from adaptive_spec.sim.requests import computed_prefill
+
+    from adaptive_spec.trace import Trace
+
+    def step(n: int, *new: str) -> dict:
+        reqs = [{"req_id": r, "num_output_before": 0} for r in new]
+        return {"num_prefill_tokens": n, "requests": reqs}
+
+    prompts = {"a": 10, "b": 30, "c": 8}
+    requests = {r: {"prompt_token_ids": list(range(n))} for r, n in prompts.items()}
+    trace = Trace(header={}, requests=requests, steps=[step(8, "a", "b"), step(5), step(3, "c")])
+    assert computed_prefill(trace) == {"a": 2, "b": 6, "c": 8}
+    trace.steps.append(step(0))
+    trace.steps[0] = step(100, "a", "b")
+    assert computed_prefill(trace) == {"a": 10, "b": 30, "c": 8}
+    del trace.steps[1]["num_prefill_tokens"]
+    assert computed_prefill(trace) == {}
+    with pytest.raises(ValueError, match="prefill_tokens=11 is invalid"):
+        ReplayRequest("a", np.arange(10), np.arange(3), 3, prefill_tokens=11)
