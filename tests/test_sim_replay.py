@@ -309,8 +309,8 @@ def test_replayed_controller_starts_from_the_shipped_prior_like_the_engine(tmp_p
 def test_hindsight_controller_starts_with_the_whole_workloads_acceptance_counts() -> None:
     """``adaptive-hindsight`` is the adaptive controller whose acceptance counts are those a first
     pass over the same requests learned without forgetting: same cells, same counts, the same
-    posterior table at its first step; it is a policy like any other (bounded by the oracle), and
-    the replay CLI accepts it."""
+    posterior table at its first step; ``build_policy`` (what the replay CLI calls) builds it by
+    name, and it is bounded by the oracle like any other policy."""
     from adaptive_spec.sim.cost_profiles import profile_table
     from adaptive_spec.sim.policies import build_policy, hindsight_controller
 
