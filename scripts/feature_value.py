@@ -167,7 +167,7 @@ def fit_cells(
             scores = {}
             for k in KS:
                 ks[cell] = k
-                scores[k] = simulate(data, idx, lambda f, p: ks.get(key(f, p), default), lam)
+                scores[k] = simulate(data, idx, cell_policy(ks, key, default), lam)
             ks[cell] = min(scores, key=scores.__getitem__)
     return ks
 
