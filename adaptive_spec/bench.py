@@ -10,7 +10,8 @@ no-speculation run, and computes the controller's goals.
 
 One engine per process (``adaptive_spec.benchmarks.worker``; HF: ``adaptive_spec.hf_peer``): the main
 n-gram engine runs every in-framework configuration; vLLM's tuned table, the draft model and HF each get
-their own. Outputs in ``--out``: ``bench.json`` (every figure, the environment, the goals), PNG plots,
+their own. The exception is ``nospec``, the engine built without speculative decoding: it is built in the
+main engine's process and runs in the same rounds, so that its ratios are paired run by run. Outputs in ``--out``: ``bench.json`` (every figure, the environment, the goals), PNG plots,
 worker logs; the table is printed last. ``--quick`` is a small grid for checking the harness (under
 15 minutes on 2 cores); the full grid and its design are in docs/benchmarks.md.
 """
@@ -485,7 +486,12 @@ def main(args: argparse.Namespace) -> int:
     def engine_cells(engine: str, with_none: bool) -> list[dict[str, Any]]:
         out = []
         for c in cells:
-            cfg = [x for x in c.configs if parse_config(x, args.max_k).engine == engine]
+            engines = {parse_config(x, args.max_k).engine for x in c.configs}
+            # A cell with main-engine configurations runs nospec beside them, in the same process.
+            same = {engine, "nospec"} if engine == "main" and "main" in engines else {engine}
+            if engine == "nospec" and "main" in engines:
+                same = set()
+            cfg = [x for x in c.configs if parse_config(x, args.max_k).engine in same]
             if not cfg:
                 continue
             if with_none and "none" not in cfg:
@@ -527,7 +533,8 @@ def main(args: argparse.Namespace) -> int:
     main_cells = engine_cells("main", with_none=False)
     if main_cells:
         run_group("main", main_cells)
-    # No speculation as an operator runs it: an engine built without speculative decoding.
+    # No speculation as an operator runs it: an engine built without speculative decoding (in its own
+    # process only for cells without main-engine configurations).
     nospec_cells = engine_cells("nospec", with_none=False)
     if nospec_cells:
         run_group("nospec", nospec_cells)

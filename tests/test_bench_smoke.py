@@ -1,7 +1,7 @@
 """CI smoke test of ``adaptive-spec bench``, for correctness only (never speed): the tiny float32 model, in
-a subprocess, every engine kind (main, vLLM's tuned table, HF), greedy and sampled cells; checks the
-JSON, the greedy identity of every greedy run (exact in float32), the goals section, the plots and that
-the table is printed last."""
+a subprocess, every engine kind (main, the engine without speculative decoding built beside it in the
+same process, vLLM's tuned table, HF), greedy and sampled cells; checks the JSON, the greedy identity of
+every greedy run (exact in float32), the goals section, the plots and that the table is printed last."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (pip insta
 
 # One configuration per code path (banditspec, vllm-ngram and Jacobi arms share these paths; their
 # pieces have their own tests), to keep this test near a minute on a quiet machine.
-CONFIGS = "none,static:ngram:2,smartspec:ngram,adaptive,adaptive-warm,vllm-dynamic,hf-greedy,hf-pld"
+CONFIGS = "none,nospec,static:ngram:2,smartspec:ngram,adaptive,adaptive-warm,vllm-dynamic,hf-greedy,hf-pld"
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +106,9 @@ def test_json_records_every_figure(bench_run):
         assert "baselines" in cell and "dynamic" in cell["baselines"]
         for name, s in cell["summary"].items():
             assert "error" not in s, (cid, name, s.get("error"))
-            # One confirmation round: adaptive, the best static arm and none run once more.
-            trio = name in ("adaptive", "static:ngram:2", "none")
+            # One confirmation round: adaptive, the best static arm, none and nospec (built in the
+            # main engine's process) run once more.
+            trio = name in ("adaptive", "static:ngram:2", "none", "nospec")
             assert s["repeats"] == (3 if trio else 2) and s["goodput_tok_s"] > 0, (cid, name)
             confirm = [r for r in cell["configs"][name]["runs"] if r.get("confirm")]
             assert [r["repeat"] for r in confirm] == ([2] if trio else []), (cid, name)
@@ -121,6 +122,9 @@ def test_json_records_every_figure(bench_run):
                 assert "identity" not in s and s["valid"]
             if s["kind"] == "adaptive":
                 assert 0 <= s["controller_overhead"] < 1
+        nospec = cell["configs"]["nospec"]
+        assert nospec["engine"] == "nospec" and nospec["same_process"], cid
+        assert cell["summary"]["nospec"]["ratio_method"] == "paired", cid
         for name, entry in cell["configs"].items():
             for r in entry["runs"]:
                 assert 0 < r["output_tokens"] <= 2 * 8, (cid, name)

@@ -218,6 +218,50 @@ def test_goal_b_uses_the_engine_without_speculation_when_it_ran():
     assert "without speculative decoding" in goals["B"]["description"]
 
 
+def test_nospec_beside_the_main_engine_is_paired_round_by_round():
+    """nospec run in the main engine's process and rounds: its ratios, and goal B, are medians of
+    per-round quotients, not quotients of medians across engines."""
+    cells = _goal_cells()
+    hot = cells[2]
+    # The machine's speed changes from round to round; nospec is 10, 3 and 3 % faster than none.
+    hot["configs"]["none"]["runs"] = runs([100, 200, 300], identity=False)
+    hot["configs"]["adaptive"]["runs"] = runs([100, 199, 291], identity=False)
+    hot["configs"]["nospec"] = {
+        "engine": "nospec",
+        "same_process": True,
+        "runs": runs([110, 206, 309], identity=False),
+    }
+    summarize_cell(hot)
+    s = hot["summary"]
+    assert s["nospec"]["ratio_method"] == "paired"
+    assert s["nospec"]["ratio_to_none"] == pytest.approx(1.03)
+    # adaptive / nospec per round: 100/110, 199/206, 291/309 -> median 291/309 (three pairs).
+    assert s["adaptive"]["ratio_to_nospec"] == pytest.approx(291 / 309)
+    goals = {g["id"]: g for g in compute_goals(cells)}
+    assert goals["B"]["measured"] == pytest.approx(291 / 309)
+    # Unpaired (its own process), the same runs give the quotient of the two ratios to none.
+    del hot["configs"]["nospec"]["same_process"]
+    summarize_cell(hot)
+    assert hot["summary"]["nospec"]["ratio_method"] == "unpaired"
+    unpaired = hot["summary"]["adaptive"]["ratio_to_none"] / (206 / 200)
+    assert hot["summary"]["adaptive"]["ratio_to_nospec"] == pytest.approx(unpaired)
+    assert unpaired == pytest.approx(0.995 / 1.03)  # not 291 / 309
+
+
+def test_confirmation_rounds_include_nospec_only_beside_the_main_engine():
+    from adaptive_spec.benchmarks.worker import confirm_configs
+
+    configs = {
+        "none": {"engine": "main", "runs": runs([100] * 3)},
+        "static:ngram:2": {"engine": "main", "runs": runs([120] * 3)},
+        "adaptive": {"engine": "main", "runs": runs([125] * 3)},
+        "nospec": {"engine": "nospec", "same_process": True, "runs": runs([104] * 3)},
+    }
+    assert confirm_configs(configs) == ["adaptive", "static:ngram:2", "none", "nospec"]
+    del configs["nospec"]["same_process"]
+    assert confirm_configs(configs) == ["adaptive", "static:ngram:2", "none"]
+
+
 def test_goals_unmet_and_not_available():
     goals = {g["id"]: g for g in compute_goals(_goal_cells(adaptive_mixed=116))}
     assert goals["C"]["met"] is False  # 116 / 120 < 1.05

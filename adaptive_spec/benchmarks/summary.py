@@ -9,9 +9,10 @@ Ratios (the machine drifts between repeats, ``docs/benchmarks.md``, so ratios ar
 * the draft engine's no-speculation run still drafts every step (AdaptiveSpec only discards the drafts),
   so its configurations are divided by the main engine's median no-speculation goodput (``unpaired``);
   ``ratio_to_own_none`` is kept as well;
-* ``nospec`` (an engine built without speculative decoding) runs in its own process: unpaired, its
-  goodput over the main engine's median no-speculation goodput; every configuration also gets
-  ``ratio_to_nospec``, its ``ratio_to_none`` over that;
+* ``nospec`` (an engine built without speculative decoding) runs in the main engine's process, in the
+  same rounds (``same_process``): paired like a main-engine configuration. Where it ran in its own
+  process it is unpaired, its goodput over the main engine's median no-speculation goodput. Every
+  configuration also gets ``ratio_to_nospec``, its ``ratio_to_none`` over nospec's;
 * HF greedy is unpaired against vLLM's no speculation; HF prompt lookup is paired with HF greedy and
   multiplied by that (``paired-to-hf-greedy``);
 * a ratio between two main-engine configurations (``ratio_to_best_static``, the goals) is paired run
@@ -135,6 +136,9 @@ def summarize_config(
         "goodput_runs": [round(r["goodput_tok_s"], 3) for r in runs],
         "ratio_to_none": None,
         "ratio_method": None,
+        # Ran in the main engine's rounds: ratios to other such configurations are paired run by run.
+        "same_rounds": entry.get("engine", info.engine) == "main"
+        or bool(entry.get("same_process")),
     }
     if "error" in entry:
         out["error"] = entry["error"]
@@ -145,7 +149,7 @@ def summarize_config(
     engine = out["engine"]
     if name == "none":
         out["ratio_to_none"], out["ratio_method"] = 1.0, "paired"
-    elif engine == "main":
+    elif out["same_rounds"]:
         out["ratio_to_none"], out["ratio_method"] = _paired(runs, main_none), "paired"
     elif engine == "nospec":
         if none_median:
@@ -214,10 +218,12 @@ def summarize_cell(cell: dict[str, Any]) -> dict[str, Any]:
             if best is not None and s["ratio_to_none"] is not None
             else None
         )
-        # Against the engine built without speculative decoding (unpaired across processes).
-        s["ratio_to_nospec"] = (
-            s["ratio_to_none"] / nospec if nospec and s["ratio_to_none"] is not None else None
-        )
+        # Against the engine built without speculative decoding: paired run by run where it ran in
+        # the same rounds, else the quotient of the two ratios to no speculation.
+        if nospec and s["ratio_to_none"] is not None:
+            s["ratio_to_nospec"] = _ratio(cell, name, "nospec")[0]
+        else:
+            s["ratio_to_nospec"] = None
     return cell
 
 
@@ -229,14 +235,14 @@ def _find(cells: list[dict[str, Any]], label: str, c: int, t: float) -> dict[str
 
 
 def _ratio(cell: dict[str, Any], a: str, b: str) -> tuple[float | None, int]:
-    """Goodput of configuration a over b and the number of paired runs behind it: two main-engine
-    configurations are paired run by run (the median over the repeats and confirmation rounds both
+    """Goodput of configuration a over b and the number of paired runs behind it: two configurations
+    that ran in the same rounds (the main engine's, and nospec beside them) are paired run by run (the median over the repeats and confirmation rounds both
     ran of a's goodput over b's in the same round); otherwise the quotient of their ratios to no
     speculation (0 pairs)."""
     s = cell["summary"]
     if a == b:
         return 1.0, 0
-    if s[a]["engine"] == "main" and s[b]["engine"] == "main":
+    if s[a].get("same_rounds") and s[b].get("same_rounds"):
         pairs = _pairs(cell["configs"][a].get("runs", []), cell["configs"][b].get("runs", []))
         if pairs:
             return float(statistics.median(pairs)), len(pairs)
@@ -260,12 +266,12 @@ def _vs(cell: dict[str, Any] | None, a: str, b: str) -> tuple[float | None, str 
 
 
 def _pairs_of(cell: dict[str, Any] | None, a: str, b: str) -> list[float]:
-    """The per-round goodput quotients behind :func:`_ratio` (empty when a and b are not both
-    main-engine configurations that ran)."""
+    """The per-round goodput quotients behind :func:`_ratio` (empty when a and b did not both run
+    in the same rounds)."""
     if cell is None or a == b:
         return []
     s = cell.get("summary", {})
-    if a not in s or b not in s or s[a]["engine"] != "main" or s[b]["engine"] != "main":
+    if a not in s or b not in s or not (s[a].get("same_rounds") and s[b].get("same_rounds")):
         return []
     return _pairs(cell["configs"][a].get("runs", []), cell["configs"][b].get("runs", []))
 

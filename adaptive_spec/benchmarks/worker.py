@@ -18,6 +18,11 @@ set through vLLM's own admission limit (``max_num_active_seqs``, the scheduler's
    seconds apart (this machine's speed drifts by 10-25 % over minutes). Their runs carry
    ``"confirm": true``.
 
+A cell of the main engine that lists ``nospec`` runs it on a second engine built in the same process,
+without speculative decoding (after a prefill pass that warms its prefix cache), in the same rounds as
+the others and in the confirmation rounds: its ratios are paired run by run like those of the main
+engine's configurations, instead of carrying the drift between two processes.
+
 Configurations that attach :class:`~adaptive_spec.vllm.AdaptiveSpec` get only the proposers they use, so a
 static n-gram arm does not pay for Jacobi drafting; ``vllm-ngram`` and ``vllm-dynamic`` run the engine with
 nothing attached, counted by a passive observer that changes nothing.
@@ -362,6 +367,13 @@ def _run_config(
     return run
 
 
+def _prefill_params() -> Any:
+    """Sampling parameters of a prefill-only pass (one greedy token per prompt)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=1)
+
+
 def _prepare_cell(llm: Any, cell: _Cell, max_k: int, log: Any) -> dict[str, Any]:
     """Untimed passes: warm-up/reference, and the training pass for ``adaptive-warm``."""
     from vllm import SamplingParams
@@ -378,7 +390,7 @@ def _prepare_cell(llm: Any, cell: _Cell, max_k: int, log: Any) -> dict[str, Any]
             cell.reference, _ = _generate(llm, cell.ids, params)
         else:
             # Prefill only: warms the engine and caches the prompts' KV as the greedy reference does.
-            _generate(llm, cell.ids, SamplingParams(temperature=0.0, max_tokens=1))
+            _generate(llm, cell.ids, _prefill_params())
     info["reference_s"] = time.perf_counter() - t0
     if "adaptive-warm" in cell.spec["configs"]:
         train = cell.train_ids or cell.ids
@@ -458,6 +470,14 @@ def run_vllm_group(spec: dict[str, Any], out_path: str | Path | None = None) -> 
     llm = build_engine(spec)
     build_s = time.perf_counter() - t0
     log(f"engine built in {build_s:.1f} s")
+    nospec_llm = None
+    if engine == "main" and any("nospec" in c["configs"] for c in spec["cells"]):
+        # Built second: vLLM 0.32's CPU build fails to build a speculative engine after a plain one.
+        t1 = time.perf_counter()
+        nospec_llm = build_engine({**spec, "engine": "nospec"})
+        log(
+            f"engine without speculative decoding built beside it in {time.perf_counter() - t1:.1f} s"
+        )
     import torch
     import vllm
 
@@ -468,6 +488,7 @@ def run_vllm_group(spec: dict[str, Any], out_path: str | Path | None = None) -> 
         "build_s": build_s,
         "enforce_eager": bool(spec.get("enforce_eager")),
         "dynamic_table": spec.get("dynamic_table"),
+        "nospec_same_process": nospec_llm is not None,
         "environment": {
             "torch_threads": torch.get_num_threads(),
             "vllm": vllm.__version__,
@@ -475,23 +496,33 @@ def run_vllm_group(spec: dict[str, Any], out_path: str | Path | None = None) -> 
         },
         "cells": {},
     }
+    scheds = [sched]
+    if nospec_llm is not None:
+        scheds.append(nospec_llm.llm_engine.engine_core.engine_core.scheduler)
     for cell_spec in spec["cells"]:
-        sched.max_num_active_reqs = int(cell_spec["concurrency"])
+        for s in scheds:
+            s.max_num_active_reqs = int(cell_spec["concurrency"])
         cell = _Cell(llm, cell_spec, work_dir)
         res: dict[str, Any] = {"configs": {}}
         result["cells"][cell.id] = res
+        configs = list(cell_spec["configs"])
+        beside = nospec_llm if "nospec" in configs else None
         try:
             res["prepare"] = _prepare_cell(llm, cell, max_k, log)
+            if beside is not None:
+                # Prefill pass: the plain engine's prefix cache as warm as the main engine's.
+                _generate(beside, cell.ids, _prefill_params())
         except Exception as e:
             res["error"] = f"{type(e).__name__}: {e}"
             log(f"{cell.id}: preparation failed: {res['error']}")
             continue
-        configs = list(cell_spec["configs"])
         for name in configs:
             res["configs"][name] = {"engine": engine, "runs": []}
+        if beside is not None:
+            res["configs"]["nospec"] = {"engine": "nospec", "same_process": True, "runs": []}
 
         rnd = _Round(
-            llm, cell, res, engine, max_k, work_dir, spec.get("lora_adapters"), repeats, log
+            llm, cell, res, engine, max_k, work_dir, spec.get("lora_adapters"), repeats, log, beside
         )
         for r in range(repeats):
             order = configs[r % len(configs) :] + configs[: r % len(configs)]
@@ -504,7 +535,8 @@ def run_vllm_group(spec: dict[str, Any], out_path: str | Path | None = None) -> 
                 _run_round(rnd, repeats + i, order, f"confirmation {i + 1}/{confirm}")
         if out_path is not None:
             _write_json(out_path, result)
-    sched.max_num_active_reqs = sched.max_num_running_reqs
+    for s in scheds:
+        s.max_num_active_reqs = s.max_num_running_reqs
     if out_path is not None:
         _write_json(out_path, result)
     return result
@@ -522,6 +554,7 @@ class _Round(NamedTuple):
     lora_adapters: dict[str, str] | None
     repeats: int
     log: Callable[[str], None]
+    nospec_llm: Any = None  # the engine without speculative decoding, when it runs in this process
 
 
 def _run_round(rd: _Round, r: int, order: list[str], label: str) -> None:
@@ -532,8 +565,9 @@ def _run_round(rd: _Round, r: int, order: list[str], label: str) -> None:
         if "error" in entry:
             continue
         try:
+            llm = rd.nospec_llm if name == "nospec" and rd.nospec_llm is not None else rd.llm
             run = _run_config(
-                rd.llm, rd.cell, name, rd.engine, rd.max_k, r, rd.work_dir, rd.lora_adapters
+                llm, rd.cell, name, rd.engine, rd.max_k, r, rd.work_dir, rd.lora_adapters
             )
         except Exception as e:
             entry["error"] = f"{type(e).__name__}: {e}"
@@ -562,7 +596,9 @@ def confirm_configs(configs: dict[str, dict[str, Any]]) -> list[str]:
     ok = {n: e for n, e in configs.items() if "error" not in e and e.get("runs")}
     best = best_static_arm(ok)
     trio = ["adaptive", best, "none"]
-    return trio if best is not None and all(n in ok for n in trio) else []
+    if best is None or not all(n in ok for n in trio):
+        return []
+    return [*trio, "nospec"] if ok.get("nospec", {}).get("same_process") else trio
 
 
 def _write_json(path: str | Path, data: dict[str, Any]) -> None:
