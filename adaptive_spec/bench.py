@@ -10,10 +10,11 @@ no-speculation run, and computes the controller's goals.
 
 One engine per process (``adaptive_spec.benchmarks.worker``; HF: ``adaptive_spec.hf_peer``): the main
 n-gram engine runs every in-framework configuration; vLLM's tuned table, the draft model and HF each get
-their own. The exception is ``nospec``, the engine built without speculative decoding: it is built in the
-main engine's process and runs in the same rounds, so that its ratios are paired run by run. Outputs in ``--out``: ``bench.json`` (every figure, the environment, the goals), PNG plots,
-worker logs; the table is printed last. ``--quick`` is a small grid for checking the harness (under
-15 minutes on 2 cores); the full grid and its design are in docs/benchmarks.md.
+their own. The exception is ``nospec``, the engine built without speculative decoding: it is built in
+the main engine's process and runs in the same rounds, so that its ratios are paired run by run.
+Outputs in ``--out``: ``bench.json`` (every figure, the environment, the goals), PNG plots, worker logs;
+the table is printed last. ``--quick`` is a small grid for checking the harness (under 15 minutes on 2
+cores); the full grid and its design are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -486,12 +487,10 @@ def main(args: argparse.Namespace) -> int:
     def engine_cells(engine: str, with_none: bool) -> list[dict[str, Any]]:
         out = []
         for c in cells:
-            engines = {parse_config(x, args.max_k).engine for x in c.configs}
-            # A cell with main-engine configurations runs nospec beside them, in the same process.
-            same = {engine, "nospec"} if engine == "main" and "main" in engines else {engine}
-            if engine == "nospec" and "main" in engines:
-                same = set()
-            cfg = [x for x in c.configs if parse_config(x, args.max_k).engine in same]
+            kinds = {x: parse_config(x, args.max_k).engine for x in c.configs}
+            # nospec runs beside the main engine, in its process, when the cell has main configurations.
+            host = "main" if "main" in kinds.values() else "nospec"
+            cfg = [x for x, e in kinds.items() if (host if e == "nospec" else e) == engine]
             if not cfg:
                 continue
             if with_none and "none" not in cfg:

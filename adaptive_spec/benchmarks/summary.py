@@ -236,9 +236,9 @@ def _find(cells: list[dict[str, Any]], label: str, c: int, t: float) -> dict[str
 
 def _ratio(cell: dict[str, Any], a: str, b: str) -> tuple[float | None, int]:
     """Goodput of configuration a over b and the number of paired runs behind it: two configurations
-    that ran in the same rounds (the main engine's, and nospec beside them) are paired run by run (the median over the repeats and confirmation rounds both
-    ran of a's goodput over b's in the same round); otherwise the quotient of their ratios to no
-    speculation (0 pairs)."""
+    that ran in the same rounds (the main engine's, and nospec beside them) are paired run by run (the
+    median over the repeats and confirmation rounds both ran of a's goodput over b's in the same
+    round); otherwise the quotient of their ratios to no speculation (0 pairs)."""
     s = cell["summary"]
     if a == b:
         return 1.0, 0
