@@ -517,9 +517,12 @@ def run_vllm_group(spec: dict[str, Any], out_path: str | Path | None = None) -> 
             log(f"{cell.id}: preparation failed: {res['error']}")
             continue
         for name in configs:
-            res["configs"][name] = {"engine": engine, "runs": []}
-        if beside is not None:
-            res["configs"]["nospec"] = {"engine": "nospec", "same_process": True, "runs": []}
+            on_beside = name == "nospec" and beside is not None
+            res["configs"][name] = (
+                {"engine": "nospec", "same_process": True, "runs": []}
+                if on_beside
+                else {"engine": engine, "runs": []}
+            )
 
         rnd = _Round(
             llm, cell, res, engine, max_k, work_dir, spec.get("lora_adapters"), repeats, log, beside
