@@ -128,6 +128,20 @@ def test_json_records_every_figure(bench_run):
         for name, entry in cell["configs"].items():
             for r in entry["runs"]:
                 assert 0 < r["output_tokens"] <= 2 * 8, (cid, name)
+                # Which step-cost table the run priced steps with: the cold controller's says (the
+                # tiny model has no shipped table: measured on this machine); a run whose policy
+                # prices nothing has none.
+                if name == "adaptive":
+                    assert r["cost_table_source"].startswith("calibrated"), (cid, r)
+                elif name in (
+                    "none",
+                    "nospec",
+                    "static:ngram:2",
+                    "vllm-dynamic",
+                    "hf-greedy",
+                    "hf-pld",
+                ):
+                    assert "cost_table_source" not in r, (cid, name)
         if greedy:
             prep = cell["prepare"]["main"]
             assert prep["warm_trained_on"] == "held-out prompts"
@@ -176,6 +190,7 @@ def test_markdown_export_has_every_row(bench_run):
     assert proc.returncode == 0, proc.stderr
     md = proc.stdout
     assert data["environment"]["git"]["commit"][:7] in md.splitlines()[0]
+    assert "Step-cost table of the runs that price steps: calibrated" in md.splitlines()[0]
     assert md.count("\n| B |") == 1 and "| D |" in md and "| A:" in md
     rows = [ln for ln in md.splitlines() if ln.startswith("| ") and "`" in ln]
     assert len(rows) == sum(len(c["summary"]) for c in data["cells"])

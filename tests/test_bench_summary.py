@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from adaptive_spec.bench import _merge, best_k_by_concurrency
-from adaptive_spec.benchmarks.report import markdown
+from adaptive_spec.benchmarks.report import cost_table_sources, markdown
 from adaptive_spec.benchmarks.summary import compute_goals, median_interval, summarize_cell
 
 
@@ -369,3 +369,24 @@ def test_report_prints_the_interval_and_within_noise():
     row = next(line for line in text.splitlines() if line.startswith("| A:mixed/c4/t0"))
     assert "0.970x (6 pairs), 95% CI 0.900x-1.040x" in row
     assert row.endswith("**not met** (within noise) |")
+
+
+def test_report_names_the_step_cost_tables_used():
+    # Two adaptive runs priced with the shipped table, one with a table calibrated on the machine;
+    # static arms price nothing and are not counted.
+    c = _six_round_cell([100] * 6)
+    ad = c["configs"]["adaptive"]["runs"]
+    for r in ad[:2]:
+        r["cost_table_source"] = "shipped"
+    ad[2]["cost_table_source"] = "calibrated earlier on this machine"
+    assert cost_table_sources([c]) == {"shipped": 2, "calibrated earlier on this machine": 1}
+    first = markdown({"cells": [c], "goals": []}).splitlines()[0]
+    assert first.endswith(
+        "Step-cost table of the runs that price steps: calibrated earlier on this machine (1 run), "
+        "shipped (2 runs)."
+    )
+    # A file written before the source was recorded: no such sentence.
+    for r in ad:
+        r.pop("cost_table_source", None)
+    assert cost_table_sources([c]) == {}
+    assert "Step-cost table" not in markdown({"cells": [c], "goals": []})

@@ -122,6 +122,33 @@ def _row_cells(cell: dict[str, Any], name: str, *, code: bool = False) -> list[s
     ]
 
 
+def cost_table_sources(cells: list[dict[str, Any]]) -> dict[str, int]:
+    """Timed runs per source of the step-cost table their policy priced steps with
+    (``AdaptiveSpec.cost_table_source``: ``shipped``, ``calibrated earlier on this machine``,
+    ``calibrated now``, ...), over every cell and configuration; runs whose policy prices nothing
+    (static arms, the engines' own configurations) are not counted. Empty for a ``bench.json`` written
+    before the source was recorded."""
+    counts: dict[str, int] = {}
+    for cell in cells:
+        for entry in (cell.get("configs") or {}).values():
+            for run in entry.get("runs") or []:
+                src = run.get("cost_table_source")
+                if src:
+                    counts[src] = counts.get(src, 0) + 1
+    return counts
+
+
+def _sources_text(cells: list[dict[str, Any]]) -> str:
+    sources = cost_table_sources(cells)
+    if not sources:
+        return ""
+    return (
+        "Step-cost table of the runs that price steps: "
+        + ", ".join(f"{src} ({n} run{'' if n == 1 else 's'})" for src, n in sorted(sources.items()))
+        + "."
+    )
+
+
 def goal_figures(g: dict[str, Any]) -> tuple[str, str]:
     """A goal's measured figure (with its note, the pairs behind it and its confidence interval) and
     its target, as printed in the goals table."""
@@ -185,6 +212,8 @@ def print_tables(console: Any, cells: list[dict[str, Any]], goals: list[dict[str
         "included. Accepted length: tokens committed per request-step. Identity: identical/total "
         "(+ near-ties) vs the no-speculation reference."
     )
+    if sources := _sources_text(cells):
+        t.caption += " " + sources
     console.print(t)
 
 
@@ -206,7 +235,8 @@ def markdown(data: dict[str, Any]) -> str:
         + (f" + {data['confirm']} confirmation rounds" if data.get("confirm") else "")
         + f", {data.get('total_s', 0) / 60:.0f} min; "
         f"{env.get('cpu_model', '?')}, {env.get('cpus_available', '?')} CPUs, load average at start "
-        f"{', '.join(f'{x:.2f}' for x in env.get('load_average') or [])}.",
+        f"{', '.join(f'{x:.2f}' for x in env.get('load_average') or [])}."
+        + (f" {sources}" if (sources := _sources_text(data.get("cells", []))) else ""),
         "",
         "| goal | what | cell | measured | target | met |",
         "|---|---|---|---:|---:|---|",

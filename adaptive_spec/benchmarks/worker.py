@@ -302,6 +302,7 @@ def _run_config(
 
     info = parse_config(name, max_k)
     stats: dict[str, Any] | None = None
+    table_source = None  # where the policy's step-cost table came from (policies that price steps)
     if info.kind in ("vllm", "nospec"):
         counter = PassiveCounter(llm)
         try:
@@ -337,6 +338,7 @@ def _run_config(
         stats = spec.stats()
         totals = _totals(stats)
         overhead = stats["controller_overhead"]
+        table_source = spec.cost_table_source
     n = sum(len(o.outputs[0].token_ids) for o in outs)
     run: dict[str, Any] = {
         "repeat": repeat,
@@ -351,6 +353,8 @@ def _run_config(
         "totals": totals,
         "valid": True,
     }
+    if table_source is not None:
+        run["cost_table_source"] = table_source
     if stats is not None:
         run["faults"] = stats["faults"]
         run["by_arm"] = {
