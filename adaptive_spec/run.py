@@ -565,6 +565,9 @@ def main(args: argparse.Namespace) -> int:
         f"{100 * stats['controller_overhead']:.1f}% of step time; faults {stats['faults']}. "
         "tokens/s per category charges each request-step an equal share of its step's time."
     )
+    if stats.get("cost_table_source"):
+        table.caption += f" Step-cost table: {stats['cost_table_source']}."
+
     console.print(table)
     if args.compare_static:
         from adaptive_spec.compare_static import print_comparison

@@ -139,8 +139,9 @@ def test_calibration_on_the_engine_measures_the_planned_cells_and_changes_nothin
         outs = tiny_llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
 
-    with AdaptiveSpec(tiny_llm, ["none"], policy="none", policy_state=None):
+    with AdaptiveSpec(tiny_llm, ["none"], policy="none", policy_state=None) as plain:
         before = gen()
+        assert plain.stats()["cost_table_source"] is None  # a static policy prices no steps
     spec = AdaptiveSpec(
         tiny_llm, ["none", "ngram"], policy="adaptive", policy_state=None, calibrate=True
     )
@@ -164,6 +165,7 @@ def test_calibration_on_the_engine_measures_the_planned_cells_and_changes_nothin
     spec2 = AdaptiveSpec(tiny_llm, ["none", "ngram"], policy="adaptive", policy_state=None)
     try:
         assert spec2.cost_table_source == "calibrated earlier on this machine"
+        assert spec2.stats()["cost_table_source"] == spec2.cost_table_source
     finally:
         spec2.detach()
     assert (

@@ -60,8 +60,12 @@ def test_run_compare_static_real_model(tmp_path: Path, default_model_dir: Path) 
     _check_comparison(res, nospec=True)
     assert (out / "arms.png").stat().st_size > 1000
     lines = (out / "trace.jsonl").read_text().splitlines()
-    assert json.loads(lines[0])["schema"] == "adaptive-spec-trace"
+    header = json.loads(lines[0])
+    assert header["schema"] == "adaptive-spec-trace"
     assert any('"type":"step"' in ln for ln in lines)
+    # The summary says which step-cost table the controller priced steps with, as the trace does.
+    source = res["adaptive"]["stats"]["cost_table_source"]
+    assert isinstance(source, str) and source and source == header["cost_table_source"]
 
 
 def test_run_with_shipped_draft_and_lora_arms(tmp_path: Path, default_model_dir: Path) -> None:

@@ -1081,10 +1081,13 @@ class AdaptiveSpec:
         accepted length (tokens committed per verification) and attributed goodput (tokens/s); plus step
         totals, controller overhead, faults, the steps without draft tokens sampled without the
         rejection sampler (``plain_sampler_steps``, :mod:`adaptive_spec.vllm.sampling`), the greedy steps
-        with drafts verified without it (``greedy_verify_steps``) and (for the adaptive controller) the
-        safety rule's standing against its baseline. Definitions: :mod:`adaptive_spec.metrics`."""
+        with drafts verified without it (``greedy_verify_steps``), where the policy's step-cost table
+        came from (``cost_table_source``, None for a policy that prices no steps) and (for the adaptive
+        controller) the safety rule's standing against its baseline. Definitions:
+        :mod:`adaptive_spec.metrics`."""
         d = self.metrics.as_dict()
         d["policy"] = self.policy.name
+        d["cost_table_source"] = self.cost_table_source
         d["max_k"] = self.max_k
         d["tracked_requests"] = self.driver.num_tracked()
         d["plain_sampler_steps"] = self.plain_sampler_steps
