@@ -19,8 +19,11 @@ that the per-category table, the plot and ``adaptive-spec replay`` use; it is no
 
 Ratios are paired per round (the machine drifts between rounds) and the medians reported. With
 ``nospec`` (the default), an engine built **without speculative decoding**, what an operator runs
-without adaptive-spec, is measured in its own process afterwards on the same prompts (vLLM does not
-hold two engines in one process reliably): that ratio is unpaired across processes and says so.
+without adaptive-spec, runs the same prompts in the same rounds, in the same process: vLLM 0.32's CPU
+build holds it beside the speculative engine when it is built second (:func:`build_nospec_engine`),
+so its ratios are paired like the others (they had spanned two processes, minutes apart, and carried
+the machine's drift between them). Where that build fails, it runs in a worker process afterwards
+(:func:`run_nospec_engine`), and that ratio is unpaired and says so.
 """
 
 from __future__ import annotations
@@ -56,16 +59,19 @@ def compare_in_engine(
     run_adaptive: Callable[[bool, Any], tuple[list[Any], float, dict[str, Any]]],
     state: Any,
     prompts: list[Any],
+    nospec_llm: Any = None,
 ) -> tuple[list[Any], float, dict[str, Any], dict[str, Any]]:
     """Run the rounds (module docstring). Returns the traced adaptive run after them (outputs, wall
     time, stats) and the results: per configuration the goodput per round, medians, paired ratios to
-    ``none`` and to the baseline, greedy identity, and the engine without speculative decoding."""
+    ``none``, to the baseline and (with ``nospec_llm``, the engine without speculative decoding built
+    in this process) to ``nospec``, greedy identity, and how the engine without speculative decoding
+    was measured."""
     from adaptive_spec.identity import compare_greedy
     from adaptive_spec.vllm import AdaptiveSpec
 
     greedy = args.temperature == 0
     baseline = args.baseline or default_baseline_spec(proposers, args.max_k)
-    names = ["none", baseline, "adaptive"]
+    names = ["none", baseline, "adaptive"] + (["nospec"] if nospec_llm is not None else [])
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     snapshot = _state_snapshot(llm, args, proposers, state)
     last: tuple[list[Any], float, dict[str, Any]] | None = None
@@ -90,6 +96,8 @@ def compare_in_engine(
                     tmp = state_copy(f"state_r{r}.json")
                     outs, wall, stats = run_adaptive(False, tmp)
                     last_state = tmp
+                elif name == "nospec":
+                    outs, wall, stats = _run_plain(nospec_llm, token_ids, params)
                 else:
                     spec = AdaptiveSpec(
                         llm,
@@ -115,6 +123,7 @@ def compare_in_engine(
                 # Where a difference comes from: more engine steps, or slower ones (the step time
                 # includes the hooks and the controller), and how many draft tokens were verified.
                 run["steps"] = stats["steps"]
+                # (the engine without speculative decoding has no hooks: its wall time per step)
                 run["mean_step_ms"] = 1e3 * stats["step_time_s"] / max(stats["steps"], 1)
                 run["controller_overhead"] = stats["controller_overhead"]
                 run["faults"] = stats["faults"]
@@ -137,7 +146,14 @@ def compare_in_engine(
         shutil.rmtree(work, ignore_errors=True)
     assert last is not None
     results = summarize_rounds(runs, baseline)
-    if getattr(args, "nospec", True):
+    if nospec_llm is not None:
+        ns = results["configs"]["nospec"]
+        results["nospec"] = {
+            "goodput_tok_s": ns["goodput_tok_s"],
+            "goodput_runs": [r["goodput_tok_s"] for r in ns["runs"]],
+            "paired": True,
+        }
+    elif getattr(args, "nospec", True):
         results["nospec"] = run_nospec_engine(console, args, prompts)
         ns = results["nospec"].get("goodput_tok_s")
         none = results["configs"]["none"]["goodput_tok_s"]
@@ -145,6 +161,45 @@ def compare_in_engine(
             for c in results["configs"].values():
                 c["ratio_to_nospec"] = c["goodput_tok_s"] / ns
     return last[0], last[1], last[2], results
+
+
+def _run_plain(llm: Any, token_ids: list[list[int]], params: Any) -> tuple[list[Any], float, dict]:
+    """One timed pass on the engine without speculative decoding, counted without changing it
+    (:class:`~adaptive_spec.benchmarks.worker.PassiveCounter`); the stats a comparison run needs."""
+    from adaptive_spec.benchmarks.worker import PassiveCounter
+    from adaptive_spec.run import generate
+
+    counter = PassiveCounter(llm)
+    try:
+        outs, wall = generate(llm, token_ids, params)
+    finally:
+        counter.detach()
+    t = counter.summary()
+    cat = {k: t[k] for k in ("request_steps", "drafted", "accepted", "emitted")}
+    stats = {
+        "steps": t["steps"],
+        "step_time_s": wall,
+        "controller_overhead": None,
+        "faults": 0,
+        "by_category": {"all": cat},
+    }
+    return outs, wall, stats
+
+
+def build_nospec_engine(args: Any) -> Any:
+    """The engine without speculative decoding, in this process, with the main engine's settings
+    (model, dtype, concurrency, seed). vLLM 0.32's CPU build holds it beside the speculative engine
+    only when it is built after it. Raises what vLLM raises when it cannot be built."""
+    from adaptive_spec.engine import build_llm
+
+    return build_llm(
+        args.model,
+        dtype=args.dtype,
+        max_k=args.max_k,
+        concurrency=args.concurrency,
+        method=None,
+        seed=args.seed,
+    )
 
 
 def static_proposers(policy: str, proposers: list[str]) -> list[str]:
@@ -161,7 +216,9 @@ def static_proposers(policy: str, proposers: list[str]) -> list[str]:
 
 
 def summarize_rounds(runs: dict[str, list[dict[str, Any]]], baseline: str) -> dict[str, Any]:
-    """Medians and paired ratios (per round) of each configuration's goodput."""
+    """Medians and paired ratios (per round) of each configuration's goodput: to ``none``, to the
+    baseline and, when the engine without speculative decoding ran in the same rounds (``nospec`` in
+    ``runs``), to it."""
     by_round = {n: {r["round"]: r["goodput_tok_s"] for r in rs} for n, rs in runs.items()}
     out: dict[str, Any] = {"baseline": baseline, "configs": {}}
     for name, rs in runs.items():
@@ -177,11 +234,23 @@ def summarize_rounds(runs: dict[str, list[dict[str, Any]]], baseline: str) -> di
             ]
         )
         idents = [r["identity"] for r in rs if "identity" in r]
+        to_nospec = (
+            _median(
+                [
+                    g / by_round["nospec"][k]
+                    for k, g in by_round[name].items()
+                    if by_round["nospec"].get(k)
+                ]
+            )
+            if "nospec" in by_round
+            else None
+        )
         out["configs"][name] = {
             "runs": rs,
             "goodput_tok_s": med,
             "ratio_to_none": to_none,
             "ratio_to_baseline": to_base,
+            **({"ratio_to_nospec": to_nospec} if to_nospec is not None else {}),
             "mean_accepted_length": _median([r["mean_accepted_length"] for r in rs]),
             "identity": {
                 k: sum(i[k] for i in idents)
@@ -292,9 +361,11 @@ def print_comparison(console: Any, results: dict[str, Any], greedy: bool) -> Non
         )
     ns = cmp.get("nospec", {})
     for name, c in cmp["configs"].items():
-        label = {"none": "speculation off (k = 0)", "adaptive": "adaptive"}.get(
-            name, f"baseline {name}"
-        )
+        label = {
+            "none": "speculation off (k = 0)",
+            "adaptive": "adaptive",
+            "nospec": "engine without speculative decoding",
+        }.get(name, f"baseline {name}")
         ident = c.get("identity")
         t.add_row(
             label,
@@ -310,7 +381,7 @@ def print_comparison(console: Any, results: dict[str, Any], greedy: bool) -> Non
             if greedy and ident
             else "-",
         )
-    if ns.get("goodput_tok_s"):
+    if ns.get("goodput_tok_s") and "nospec" not in cmp["configs"]:
         t.add_row(
             "engine without speculative decoding",
             f"{ns['goodput_tok_s']:.1f}",
@@ -323,6 +394,11 @@ def print_comparison(console: Any, results: dict[str, Any], greedy: bool) -> Non
     notes = ["ratios to k=0 and to the baseline are paired per round"]
     if ns.get("error"):
         notes.append(f"engine without speculative decoding: not measured ({ns['error']})")
+    elif ns.get("paired"):
+        notes[0] = (
+            "ratios are paired per round (the engine without speculative decoding ran in the same "
+            "rounds, in the same process)"
+        )
     elif ns:
         notes.append(
             "the engine without speculative decoding ran in its own process after the others (unpaired)"

@@ -151,8 +151,8 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="also measure, on the same prompts after one untimed warm-up pass of all of them: speculation "
         "off in the same engine (k = 0), the controller's safe baseline (--baseline) and an engine built "
-        "without speculative decoding (its own process; --no-nospec skips it); repeats interleaved "
-        "(--repeats), medians and paired ratios, greedy identity of every run",
+        "without speculative decoding (a second engine in this process, in the same rounds; --no-nospec "
+        "skips it); repeats interleaved (--repeats), medians and paired ratios, greedy identity of every run",
     )
     p.add_argument(
         "--repeats",
@@ -461,6 +461,22 @@ def main(args: argparse.Namespace) -> int:
         "building the engine (vLLM CPU build; the first build compiles the model, about a minute or two)..."
     )
     llm = build_engine(args, proposers)
+    nospec_llm = None
+    if args.compare_static and getattr(args, "nospec", True):
+        from adaptive_spec.compare_static import build_nospec_engine
+
+        console.print(
+            "building the engine without speculative decoding (for --compare-static; --no-nospec skips it)..."
+        )
+        try:
+            nospec_llm = build_nospec_engine(args)
+        except Exception as e:  # measured in a worker process afterwards instead (unpaired)
+            logger.warning(
+                "the engine without speculative decoding could not be built beside the main one "
+                "(%s: %s); it will run in its own process after the rounds",
+                type(e).__name__,
+                e,
+            )
     token_ids = encode_prompts(llm, prompts)
     cats = {tuple(t): p.category for t, p in zip(token_ids, prompts, strict=True)}
 
@@ -487,6 +503,8 @@ def main(args: argparse.Namespace) -> int:
         llm, proposers, policy="none", lora_adapters=adapters, policy_state=None, calibrate=False
     ):
         reference, _ = generate(llm, token_ids, ref_params)
+    if nospec_llm is not None:  # the same warm-up (prefix cache) on the engine without speculation
+        generate(nospec_llm, token_ids, ref_params)
 
     state = None if args.no_state else (args.state or "auto")
     trace_path = out_dir / "trace.jsonl"
@@ -528,6 +546,7 @@ def main(args: argparse.Namespace) -> int:
             run_adaptive,
             state,
             prompts,
+            nospec_llm,
         )
     n_tok = sum(len(o.outputs[0].token_ids) for o in outs)
     results["adaptive"] = {

@@ -121,6 +121,21 @@ def test_compare_static_summary_pairs_rounds():
     )
     assert s["configs"]["adaptive"]["ratio_to_none"] == pytest.approx((1.2 + 1.1) / 2)
     assert s["configs"]["adaptive"]["ratio_to_baseline"] == pytest.approx((120 / 110 + 55 / 60) / 2)
+    assert all("ratio_to_nospec" not in c for c in s["configs"].values())
+    # The engine without speculative decoding in the same rounds: ratios to it are paired too. The
+    # machine halved its speed in round 1; the quotient of medians would say 87.5 / 77.5 = 1.13.
+    s = summarize_rounds(
+        {
+            "none": [r(0, 100), r(1, 50)],
+            "table:x": [r(0, 110), r(1, 60)],
+            "adaptive": [r(0, 120), r(1, 55)],
+            "nospec": [r(0, 105), r(1, 50)],
+        },
+        "table:x",
+    )
+    assert s["configs"]["adaptive"]["ratio_to_nospec"] == pytest.approx((120 / 105 + 55 / 50) / 2)
+    assert s["configs"]["none"]["ratio_to_nospec"] == pytest.approx((100 / 105 + 1.0) / 2)
+    assert s["configs"]["nospec"]["ratio_to_nospec"] == 1.0
 
 
 @pytest.mark.vllm
