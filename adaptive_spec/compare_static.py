@@ -20,7 +20,8 @@ that the per-category table, the plot and ``adaptive-spec replay`` use; it is no
 Ratios are paired per round (the machine drifts between rounds) and the medians reported. With
 ``nospec`` (the default), an engine built **without speculative decoding**, what an operator runs
 without adaptive-spec, runs the same prompts in the same rounds, in the same process: vLLM 0.32's CPU
-build holds it beside the speculative engine when it is built second (:func:`build_nospec_engine`),
+build holds it beside the speculative engine when it is built second
+(:func:`adaptive_spec.run.build_engine` with ``speculative=False``),
 so its ratios are paired like the others (they had spanned two processes, minutes apart, and carried
 the machine's drift between them). Where that build fails, it runs in a worker process afterwards
 (:func:`run_nospec_engine`), and that ratio is unpaired and says so.
@@ -184,22 +185,6 @@ def _run_plain(llm: Any, token_ids: list[list[int]], params: Any) -> tuple[list[
         "by_category": {"all": cat},
     }
     return outs, wall, stats
-
-
-def build_nospec_engine(args: Any) -> Any:
-    """The engine without speculative decoding, in this process, with the main engine's settings
-    (model, dtype, concurrency, seed). vLLM 0.32's CPU build holds it beside the speculative engine
-    only when it is built after it. Raises what vLLM raises when it cannot be built."""
-    from adaptive_spec.engine import build_llm
-
-    return build_llm(
-        args.model,
-        dtype=args.dtype,
-        max_k=args.max_k,
-        concurrency=args.concurrency,
-        method=None,
-        seed=args.seed,
-    )
 
 
 def static_proposers(policy: str, proposers: list[str]) -> list[str]:

@@ -401,17 +401,23 @@ def check_args(args: argparse.Namespace) -> tuple[list[str], dict[str, Any], lis
     return proposers, adapters, prompts
 
 
-def build_engine(args: argparse.Namespace, proposers: list[str]) -> Any:
+def build_engine(
+    args: argparse.Namespace, proposers: list[str], *, speculative: bool = True
+) -> Any:
+    """The main job's engine (n-gram speculation, or the draft model's with ``--draft-model``). With
+    ``speculative=False``, the same engine without speculative decoding (model, dtype, concurrency and
+    seed as the main one), which ``--compare-static`` runs beside it: vLLM 0.32's CPU build holds the
+    two in one process only when this one is built second. Raises what vLLM raises."""
     from adaptive_spec.engine import build_llm
 
-    method = "draft_model" if args.draft_model else "ngram"
+    method = ("draft_model" if args.draft_model else "ngram") if speculative else None
     return build_llm(
         args.model,
         dtype=args.dtype,
         max_k=args.max_k,
         concurrency=args.concurrency,
         method=method,
-        draft_model=args.draft_model,
+        draft_model=args.draft_model if speculative else None,
         seed=args.seed,
     )
 
@@ -463,13 +469,11 @@ def main(args: argparse.Namespace) -> int:
     llm = build_engine(args, proposers)
     nospec_llm = None
     if args.compare_static and getattr(args, "nospec", True):
-        from adaptive_spec.compare_static import build_nospec_engine
-
         console.print(
             "building the engine without speculative decoding (for --compare-static; --no-nospec skips it)..."
         )
         try:
-            nospec_llm = build_nospec_engine(args)
+            nospec_llm = build_engine(args, proposers, speculative=False)
         except Exception as e:  # measured in a worker process afterwards instead (unpaired)
             logger.warning(
                 "the engine without speculative decoding could not be built beside the main one "
