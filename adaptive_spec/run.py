@@ -507,8 +507,10 @@ def main(args: argparse.Namespace) -> int:
         llm, proposers, policy="none", lora_adapters=adapters, policy_state=None, calibrate=False
     ):
         reference, _ = generate(llm, token_ids, ref_params)
-    if nospec_llm is not None:  # the same warm-up (prefix cache) on the engine without speculation
-        generate(nospec_llm, token_ids, ref_params)
+    if nospec_llm is not None:
+        # Its prefix cache warmed as the main engine's: a prefill pass is enough (the reference,
+        # which every run is checked against, comes from the main engine's pass above).
+        generate(nospec_llm, token_ids, SamplingParams(temperature=0.0, max_tokens=1))
 
     state = None if args.no_state else (args.state or "auto")
     trace_path = out_dir / "trace.jsonl"
