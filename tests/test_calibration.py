@@ -138,6 +138,36 @@ def test_compare_static_summary_pairs_rounds():
     assert s["configs"]["nospec"]["ratio_to_nospec"] == 1.0
 
 
+def test_compare_static_counts_outputs_that_differ_from_the_baseline_s():
+    from types import SimpleNamespace
+
+    from adaptive_spec.compare_static import diverged_requests, summarize_rounds
+
+    def outs(*texts):
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=t)]) for t in texts]
+
+    base = outs((1, 2, 3), (4, 5), (6,))
+    assert diverged_requests(base, outs([1, 2, 3], (4, 5), (6,))) == 0  # tuple or list alike
+    assert diverged_requests(base, outs((1, 2, 9), (4, 5), (6, 7))) == 2
+    with pytest.raises(ValueError, match="same prompts"):
+        diverged_requests(base, outs((1,)))
+
+    def r(i, g, d):
+        run = {"round": i, "goodput_tok_s": g, "mean_accepted_length": 1.0}
+        return run | {"diverged_from_baseline": d, "requests": 3}
+
+    s = summarize_rounds(
+        {
+            "none": [r(0, 1, 0), r(1, 1, 1)],
+            "t": [r(0, 1, 0), r(1, 1, 0)],
+            "adaptive": [r(0, 1, 2), r(1, 1, 1)],
+        },
+        "t",
+    )
+    assert s["configs"]["adaptive"]["diverged_from_baseline"] == {"requests": 3, "total": 6}
+    assert s["configs"]["t"]["diverged_from_baseline"] == {"requests": 0, "total": 6}
+
+
 @pytest.mark.vllm
 def test_calibration_on_the_engine_measures_the_planned_cells_and_changes_nothing(
     tiny_llm, tmp_path, monkeypatch

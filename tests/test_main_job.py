@@ -37,6 +37,14 @@ def _check_comparison(res: dict, nospec: bool) -> None:
         assert 0 <= run["accepted"] <= run["drafted"], (name, run)
         if name != "nospec":  # the engine without speculative decoding has no controller
             assert 0 <= run["controller_overhead"] < 1, (name, run)
+        # Outputs that differ from the baseline's in the same round: at most those where either
+        # differs from the reference (none at all for the baseline itself).
+        div = c["diverged_from_baseline"]
+        base_ident = cmp["configs"][cmp["baseline"]]["identity"]
+        assert div["total"] == 4, (name, div)
+        assert 0 <= div["requests"] <= (4 - ident["identical"]) + (4 - base_ident["identical"])
+        if name == cmp["baseline"]:
+            assert div["requests"] == 0
     assert all(r["drafted"] == 0 for r in cmp["configs"]["none"]["runs"])  # no placeholders
     assert cmp["configs"]["none"]["ratio_to_none"] == 1.0
     if nospec:
