@@ -12,7 +12,12 @@ ships one), the approach of vLLM's DSpark adaptive verification (profiled tables
   to ``V = 1`` is the fixed cost of speculating at all in a step (the rejection sampler, the
   speculative metadata, multi-token attention), which a per-token price cannot express;
 * each cell is the median of its measurements; unmeasured cells are interpolated (linearly in ``V``
-  within a row, in ``B`` across rows) and extrapolated with the last measured slope;
+  within a row, in ``B`` across rows) and extrapolated with the last measured slope, except that a
+  batch size beyond the measured ones (a table calibrated on a smaller engine, used on a larger one)
+  keeps the nearest measured row's price of draft tokens, ``t(B, V) - t(B, 0)``, on top of the
+  no-draft step extrapolated in ``B``: extrapolating every column on its own slope once turned a
+  1.6 ms cost of speculating at all at batch 4 into 15 ms at batch 16 (float32 on a 2-core Xeon,
+  where batch 16 measured 1.6 ms);
 * the table is made monotone non-decreasing in ``V`` (weighted isotonic regression per row,
   the pool-adjacent-violators algorithm of :func:`scipy.optimize.isotonic_regression`, compiled over
   all rows in one call: :func:`isotonic_rows`) and then in ``B`` (a running maximum, which keeps the
@@ -495,6 +500,13 @@ class StepCostTable:
         r = (self.for_sampling() if sampled else self).row(batch_size)
         return float(r[1] - r[0])
 
+    def measured_batch_max(self) -> int:
+        """The largest batch size with a measured cell (0 when none is: a prior)."""
+        if self.counts is None:
+            return 0
+        rows = np.flatnonzero(self.counts.sum(axis=1) > 0)
+        return int(self.batch_sizes[rows[-1]]) if rows.size else 0
+
     def matches(self, key: Mapping[str, Any], fields: tuple[str, ...] = ("model", "dtype")) -> bool:
         """Whether this table was measured for the same ``fields`` of ``key``."""
         return all(self.key.get(f) == key.get(f) for f in fields)
@@ -511,7 +523,15 @@ def nearest_index(grid: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def fill_table(batch_grid: np.ndarray, token_grid: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Fill the NaN cells of a [nb, nv] table: within each row with a measured cell, along ``V``;
-    then rows without any, along ``B`` column by column (:func:`_fill_row` rules)."""
+    then rows without any: between measured rows along ``B`` column by column (:func:`_fill_row`
+    rules); beyond them, the no-draft column extrapolated along ``B`` plus the nearest measured row's
+    price of draft tokens (``t(B, V) - t(B, 0)``; the module docstring says why).
+
+    Raises
+    ------
+    ValueError
+        If no cell is measured.
+    """
     t = np.array(values, dtype=float)
     known = np.isfinite(t)
     if not known.any():
@@ -521,6 +541,10 @@ def fill_table(batch_grid: np.ndarray, token_grid: np.ndarray, values: np.ndarra
         t[i] = _fill_row(token_grid, t[i], known[i])
     for j in range(t.shape[1]):
         t[:, j] = _fill_row(batch_grid, t[:, j], rows_known)
+    measured = np.flatnonzero(rows_known)
+    lo, hi = int(measured[0]), int(measured[-1])
+    t[hi + 1 :] = t[hi + 1 :, :1] + (t[hi] - t[hi, 0])
+    t[:lo] = np.maximum(t[:lo, :1] + (t[lo] - t[lo, 0]), 1e-9)
     return t
 
 

@@ -220,6 +220,52 @@ def test_calibration_on_the_engine_measures_the_planned_cells_and_changes_nothin
 
 
 @pytest.mark.vllm
+def test_a_cached_table_from_a_smaller_engine_is_measured_again(tiny_llm, tmp_path, monkeypatch):
+    """A table cached by a run on a smaller engine (the main job at 4 requests) priced a larger
+    engine's batches by extrapolation: at batch 16 it once charged 15 ms to speculate at all where
+    the engine paid 1.6 ms. With ``calibrate="auto"`` such a table is measured again up to this
+    engine's batch size and replaced in the cache; ``calibrate=False`` still uses it as it is."""
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    monkeypatch.setenv("ADAPTIVE_SPEC_CACHE", str(tmp_path))
+    top = plan_batches(int(tiny_llm.llm_engine.vllm_config.scheduler_config.max_num_seqs))[-1]
+    assert top >= 4
+    spec = AdaptiveSpec(
+        tiny_llm, ["none", "ngram"], policy="none", policy_state=None, calibrate=False
+    )
+    try:
+        small = spec.calibrate(batch_sizes=[1, 2], repeats=1, sampled=False)
+    finally:
+        spec.detach()
+    assert small.measured_batch_max() == 2
+    assert cost_tables.save_cached_table(small) is not None
+
+    def attach(calibrate):
+        return AdaptiveSpec(
+            tiny_llm, ["none", "ngram"], policy="adaptive", policy_state=None, calibrate=calibrate
+        )
+
+    spec = attach(False)
+    try:
+        assert spec.cost_table_source == "calibrated earlier on this machine"
+        assert spec.policy.cost.table.measured_batch_max() == 2
+    finally:
+        spec.detach()
+    spec = attach("auto")
+    try:
+        assert spec.cost_table_source == "calibrated now"
+        assert spec.policy.cost.table.measured_batch_max() == top
+    finally:
+        spec.detach()
+    assert cost_tables.cached_table(spec.engine_key).measured_batch_max() == top
+    spec = attach("auto")
+    try:
+        assert spec.cost_table_source == "calibrated earlier on this machine"
+    finally:
+        spec.detach()
+
+
+@pytest.mark.vllm
 def test_calibration_lifts_the_admission_limit_and_restores_it(tiny_llm, tmp_path, monkeypatch):
     """Under vLLM's admission limit (``max_num_active_seqs``, as the bench sets per cell), a batch of
     B dummy requests would run as a smaller batch and every larger batch would be priced as that

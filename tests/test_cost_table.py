@@ -48,6 +48,27 @@ def test_table_reproduces_measurements_and_the_fixed_cost_of_speculating():
     assert tab.predict(4, 500) > tab.predict(4, 64)
 
 
+def test_a_batch_beyond_the_measured_ones_keeps_the_price_of_draft_tokens():
+    """Measured at batch 1, 2 and 4 only (a calibration on a 4-request engine), where the price of
+    draft tokens grows from batch 2 to 4: extrapolating every column on its own slope made the jump
+    to one draft token 15 ms at batch 16 (float32, 2-core Xeon) against 1.6 ms measured there. The
+    no-draft step is extrapolated in B; the draft tokens keep batch 4's price."""
+    ms = {  # batch: {draft tokens: ms}, the shape of that calibration
+        1: {0: 34.8, 1: 36.7, 2: 36.8, 4: 38.0, 8: 44.5},
+        2: {0: 39.3, 1: 39.9, 2: 42.5, 4: 46.6, 8: 50.2, 16: 61.7},
+        4: {0: 41.9, 1: 45.7, 2: 46.0, 4: 50.5, 8: 55.3, 16: 66.0, 32: 85.1},
+    }
+    B, V, T = zip(*[(b, v, t / 1e3) for b, row in ms.items() for v, t in row.items()], strict=True)
+    tab = StepCostTable.from_samples(B, V, T)
+    assert tab.measured_batch_max() == 4
+    four = tab.curve(4, 32)
+    for b in (8, 16, 64):
+        c = tab.curve(b, 32)
+        assert c[0] == pytest.approx(0.0419 + (b - 4) * (0.0419 - 0.0393) / 2, rel=1e-6)
+        np.testing.assert_allclose(c - c[0], four - four[0], rtol=1e-9, atol=1e-12)
+    assert prior_table().measured_batch_max() == 0
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     noise=st.floats(0.0, 0.5),

@@ -208,6 +208,9 @@ class AdaptiveSpec:
         device) among the loaded policy state's, a table calibrated earlier on this machine (cache
         directory) and the tables shipped with adaptive-spec; if none fits, measure one now with
         dummy steps (:mod:`adaptive_spec.vllm.calibrate`, greedy and sampled, about 50-100 s on 2 CPU cores) and cache it.
+        A policy state's or cached table fits only if it measured the largest batch size this engine's
+        calibration plans (``max_num_seqs``, at most 64): one calibrated on a smaller engine (the main
+        job at 4 requests, say) is measured again, up to this engine's batch size, and replaced.
         ``True``: always measure now. ``False``: never measure (a shipped table of the same model and
         dtype from another machine, else a generic prior shape, corrected online).
     trace_argmax : bool
@@ -531,6 +534,7 @@ class AdaptiveSpec:
             save_cached_table,
             shipped_table,
         )
+        from adaptive_spec.vllm.calibrate import plan_batches
 
         model = getattr(self.policy, "cost", None)
         if not isinstance(model, StepCostModel):
@@ -538,6 +542,15 @@ class AdaptiveSpec:
         key = self.engine_key
         table: StepCostTable | None = None
         source = ""
+        # A table of this machine measured on a smaller engine prices larger batches by
+        # extrapolation; with "auto" it is measured again up to this engine's batch size.
+        top = plan_batches(int(self.core.vllm_config.scheduler_config.max_num_seqs))[-1]
+
+        def covers(t: StepCostTable) -> bool:
+            return calibrate != "auto" or t.measured_batch_max() >= top
+
+        own = self.state_loaded and model.table.matches(key, KEY_FIELDS)
+        cached: StepCostTable | None = None
         if given is not None:
             table = given if isinstance(given, StepCostTable) else _read_table(given)
             source = "given"
@@ -545,10 +558,19 @@ class AdaptiveSpec:
             return "the policy's own"
         elif calibrate is True:
             source = "calibrated now"
-        elif self.state_loaded and model.table.matches(key, KEY_FIELDS):
+        elif own and covers(model.table):
             return "policy state"
-        elif (table := cached_table(key)) is not None:
+        elif (cached := cached_table(key)) is not None and covers(cached):
+            table = cached
             source = "calibrated earlier on this machine"
+        elif cached is not None or own:
+            logger.info(
+                "adaptive-spec: this machine's step-cost table measured batch sizes up to %d; this "
+                "engine runs up to %d, so it is calibrated again",
+                (cached if cached is not None else model.table).measured_batch_max(),
+                top,
+            )
+            source = "calibrated now"
         elif (table := shipped_table(key)) is not None:
             source = "shipped"
         elif calibrate == "auto":
