@@ -11,8 +11,8 @@ preloaded when a process starts.
 So :func:`reexec_with_intel_openmp` starts the command again, once, with the library first in
 ``LD_PRELOAD`` (Intel's runtime implements the GNU OpenMP interface, so PyTorch's parallel regions run
 on it). On the embedded default in float32 (2-core Xeon, c = 16, T = 1.0, three pairs of runs) the
-adaptive controller ran -1.8 % to +4.5 % against the same runs without it (median +3.6 %); at c = 4
-greedy it made no difference (``docs/benchmarks.md``).
+adaptive controller's ratio to the engine without speculative decoding went from 0.934-0.971 to
+0.957-0.982 with it; at c = 4 greedy it changed nothing beyond the noise (``docs/benchmarks.md``).
 
 It does nothing where the library is not installed (vLLM's CUDA build does not install it), on other
 machines than Linux x86-64, when ``LD_PRELOAD`` already names an Intel OpenMP runtime, or when the
