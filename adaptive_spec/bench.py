@@ -139,7 +139,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     p.add_argument("--verbose", action="store_true", help="echo the workers' full logs")
-    p.set_defaults(func=main, builds_engine=True)
+    p.set_defaults(func=main)
     # `adaptive-spec bench serve`: the OpenAI-compatible server under load.
     from adaptive_spec.benchmarks import serve as bench_serve
 

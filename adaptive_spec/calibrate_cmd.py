@@ -76,7 +76,7 @@ def add_parser(sub: Any) -> None:
         help="write the table and the prior into the package data directory (for maintainers)",
     )
     add_engine_args(p)
-    p.set_defaults(func=main, proposers="none,ngram,jacobi", builds_engine=True)
+    p.set_defaults(func=main, proposers="none,ngram,jacobi")
 
 
 def main(args: argparse.Namespace) -> int:

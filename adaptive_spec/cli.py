@@ -58,18 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line ``argv`` (default: this process's arguments). A command that builds a vLLM
-    engine, run from the command line (``argv`` None), first starts again with Intel OpenMP preloaded
-    where vLLM's CPU build installed it (:mod:`adaptive_spec.openmp`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
-    if argv is None and getattr(args, "builds_engine", False):
-        from adaptive_spec.openmp import reexec_with_intel_openmp
-
-        reexec_with_intel_openmp(["-m", "adaptive_spec.cli", *sys.argv[1:]])
     return int(args.func(args) or 0)
 
 

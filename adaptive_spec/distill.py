@@ -1542,7 +1542,7 @@ def add_parser(sub: Any) -> None:
     a("--export", default=None, help="also write a loadable draft model directory here")
     a("--name", default=None, help="name recorded in the output (default: the --out folder name)")
     a("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=main, builds_engine=True)
+    p.set_defaults(func=main)
 
 
 def _check_args(args: argparse.Namespace) -> None:

@@ -191,7 +191,7 @@ def add_parser(sub: Any) -> None:
         help="output directory for trace.jsonl, arms.png, summary.json",
     )
     add_engine_args(p)
-    p.set_defaults(func=main, builds_engine=True)
+    p.set_defaults(func=main)
 
 
 def setup_logging(verbose: bool) -> None:
