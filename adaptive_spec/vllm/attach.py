@@ -352,6 +352,7 @@ class AdaptiveSpec:
         # Steps without draft tokens sampled without the rejection sampler (stats()).
         self.plain_sampler_steps = 0
         self.greedy_verify_steps = 0
+        self.sampled_verify_steps = 0
         self.llm = llm
         self.core = core
         self.scheduler = core.scheduler
@@ -650,7 +651,11 @@ class AdaptiveSpec:
         orig_post = self._patch(core, "post_step", None)
         rs = self.runner.rejection_sampler
         orig_rs = self._patch(rs, "forward", None)
-        from adaptive_spec.vllm.sampling import sample_without_drafts, verify_greedy
+        from adaptive_spec.vllm.sampling import (
+            sample_without_drafts,
+            verify_greedy,
+            verify_sampled,
+        )
 
         def schedule(*args: Any, **kwargs: Any) -> Any:
             self._t_schedule = time.perf_counter()
@@ -712,30 +717,37 @@ class AdaptiveSpec:
             except Exception as e:
                 self.driver.fault("target argmax", e)
             self._hook_s += time.perf_counter() - t0
-            # A step without draft tokens: vLLM's sampler on the bonus rows, as the rejection sampler
-            # would sample them, without its per-vocabulary noise; a greedy step with drafts and
-            # untouched logits: one argmax over every row in the logits' own dtype, no float32
-            # copies (adaptive_spec.vllm.sampling). Either returns None where it does not apply.
+            # A step without draft tokens: its bonus rows alone (vLLM's sampler when greedy, one
+            # uniform per row when sampled), without the rejection sampler's per-vocabulary noise; a
+            # greedy step with drafts and untouched logits: one argmax over every row in the logits'
+            # own dtype, no float32 copies; a sampled step with deterministic drafts: one
+            # exponential per entry of the target rows, a sample only of the rows that emit
+            # (adaptive_spec.vllm.sampling). Each returns None where it does not apply.
+            synthetic = bool(getattr(rs, "synthetic_mode", False))
             shortcuts = (
                 (
                     "sampler without drafts",
                     "plain_sampler_steps",
-                    sample_without_drafts,
-                    rs.sampler,
+                    lambda: sample_without_drafts(rs.sampler, metadata, logits, sampling_metadata),
                 ),
-                ("greedy verification", "greedy_verify_steps", verify_greedy, None),
+                (
+                    "greedy verification",
+                    "greedy_verify_steps",
+                    lambda: verify_greedy(
+                        metadata, logits, sampling_metadata, synthetic_mode=synthetic
+                    ),
+                ),
+                (
+                    "sampled verification",
+                    "sampled_verify_steps",
+                    lambda: verify_sampled(
+                        metadata, draft_probs, logits, sampling_metadata, synthetic_mode=synthetic
+                    ),
+                ),
             )
-            for where, counter, shortcut, sampler in shortcuts:
+            for where, counter, shortcut in shortcuts:
                 try:
-                    if sampler is not None:
-                        out = shortcut(sampler, metadata, logits, sampling_metadata)
-                    else:
-                        out = shortcut(
-                            metadata,
-                            logits,
-                            sampling_metadata,
-                            synthetic_mode=bool(getattr(rs, "synthetic_mode", False)),
-                        )
+                    out = shortcut()
                 except Exception as e:
                     self.driver.fault(where, e)
                     out = None
@@ -1103,7 +1115,8 @@ class AdaptiveSpec:
         accepted length (tokens committed per verification) and attributed goodput (tokens/s); plus step
         totals, controller overhead, faults, the steps without draft tokens sampled without the
         rejection sampler (``plain_sampler_steps``, :mod:`adaptive_spec.vllm.sampling`), the greedy steps
-        with drafts verified without it (``greedy_verify_steps``), where the policy's step-cost table
+        with drafts verified without it (``greedy_verify_steps``), the sampled steps with deterministic
+        drafts verified without it (``sampled_verify_steps``), where the policy's step-cost table
         came from (``cost_table_source``, None for a policy that prices no steps) and (for the adaptive
         controller) the safety rule's standing against its baseline. Definitions:
         :mod:`adaptive_spec.metrics`."""
@@ -1114,6 +1127,7 @@ class AdaptiveSpec:
         d["tracked_requests"] = self.driver.num_tracked()
         d["plain_sampler_steps"] = self.plain_sampler_steps
         d["greedy_verify_steps"] = self.greedy_verify_steps
+        d["sampled_verify_steps"] = self.sampled_verify_steps
         ctrl = getattr(self.policy, "stats", None)
         if callable(ctrl):
             try:
