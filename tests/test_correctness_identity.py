@@ -5,7 +5,9 @@ model in ``test_correctness_draft.py``; LoRA drafts skipped while unavailable), 
 max} and a schedule that changes proposer and k every step: the token ids equal no speculation's, and
 the trace's bookkeeping holds per request-step (accepted = longest prefix where draft == target argmax,
 the first draft token included; emitted = accepted + 1; the next step starts where this one ended).
-Also across batch compositions, batch orders and repeated calls in one process.
+Also across batch compositions, batch orders and repeated calls in one process; and the sampled
+verification path end to end at vLLM's lowest temperature, where it must give the greedy tokens up
+to a near-tie.
 """
 
 from __future__ import annotations
@@ -244,3 +246,59 @@ def test_lora_draft_arm_refused_without_a_draft_model(tiny_llm):
 
     with pytest.raises(ValueError, match="needs an engine built with method='draft_model'"):
         AdaptiveSpec(tiny_llm, ["none", "lora:code"], policy="none", lora_adapters={"code": "x"})
+
+
+#: The lowest temperature vLLM samples at (``SamplingParams`` raises smaller ones to 0.01): a step with
+#: drafts goes through sampled verification, and softmax(logits / T) puts all its mass on the argmax
+#: unless the top two logits lie within a few T of each other.
+NEAR_ZERO_T = 0.01
+#: A position whose top two log-probabilities lie closer than this is a near-tie at NEAR_ZERO_T (the
+#: runner-up's probability there can exceed exp(-30)); elsewhere the sampled token must be the argmax.
+NEAR_TIE = 30 * NEAR_ZERO_T
+
+
+@pytest.mark.parametrize(
+    ("schedule", "oracle_as"),
+    [
+        pytest.param(fixed(Arm("jacobi", 2)), None, id="jacobi-k2"),
+        pytest.param(every_step(["ngram", "jacobi"]), None, id="every-step"),
+        pytest.param(fixed(Arm("ngram", MAX_K)), "ngram", id="oracle-kmax"),
+    ],
+)
+def test_sampled_verification_at_near_zero_temperature_gives_the_greedy_tokens(
+    tiny_llm, ref, tmp_path, schedule, oracle_as
+):
+    """The engine's sampled path end to end (``verify_sampled`` and the inverse-transform bonus
+    sampler, ``adaptive_spec/vllm/sampling.py``): target rows, bonus rows, accepted drafts, the token at
+    the first rejection. At T = 0.01 speculative sampling must reproduce the greedy tokens; a position
+    whose top two log-probabilities lie within 30 T of each other (a near-tie, from the greedy
+    reference) ends the comparison of that request."""
+    from vllm import SamplingParams
+
+    from adaptive_spec.identity import first_divergence, top2_margin
+
+    with_logprobs = reference(tiny_llm, PROMPTS, greedy(logprobs=2))
+    params = SamplingParams(temperature=NEAR_ZERO_T, max_tokens=MAX_TOKENS)
+    outs, spec, _trace, _oracle = _run(
+        tiny_llm,
+        ref,
+        schedule,
+        ["none", "ngram", "jacobi"],
+        tmp_path,
+        oracle_as=oracle_as,
+        params=params,
+    )
+    stats = spec.stats()
+    assert stats["sampled_verify_steps"] > 0 and stats["faults"] == 0
+    compared = 0
+    for p, o, r in zip(PROMPTS, outs, with_logprobs, strict=True):
+        got, want = list(o.token_ids), ref[tuple(p)]
+        j = first_divergence(got, want)
+        if j is None:
+            compared += len(want)
+            continue
+        margin = top2_margin(r.logprobs[j])
+        assert margin is not None and margin < NEAR_TIE, f"{p[:4]}: position {j} differs"
+        compared += j
+    # The check compared most tokens (on this machine 67 and 80 of 80: one near-tie at 0.008).
+    assert compared >= 0.75 * len(PROMPTS) * MAX_TOKENS
