@@ -137,6 +137,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--worker-timeout", type=float, default=None, help="seconds per worker process (no limit)"
     )
+    p.add_argument(
+        "--trace-evaluated",
+        action="store_true",
+        help="per cell with `adaptive`, one more untimed pass: the cold-start controller as its "
+        "first timed run has it, traced, on the evaluated prompts (work/trace_eval_<cell>.jsonl; "
+        "`adaptive-spec replay` that trace to check offline what the timed runs measured; the "
+        "adaptive-warm training trace is of held-out prompts). Costs one adaptive run per cell",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     p.add_argument("--verbose", action="store_true", help="echo the workers' full logs")
     p.set_defaults(func=main)
@@ -340,6 +348,7 @@ def _engine_spec(
         "seed": args.seed,
         "repeats": repeats,
         "confirm": confirm if engine == "main" else 0,
+        "trace_evaluated": bool(getattr(args, "trace_evaluated", False)) and engine == "main",
         "cells": cells,
     }
 

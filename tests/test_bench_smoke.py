@@ -68,6 +68,7 @@ def bench_run(tiny_model_dir, tmp_path_factory):
         "1",
         "--out",
         str(out),
+        "--trace-evaluated",
     ]
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", COLUMNS="200")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
@@ -197,3 +198,30 @@ def test_markdown_export_has_every_row(bench_run):
     cell = data["cells"][0]
     s = cell["summary"]["none"]
     assert f"{s['goodput_tok_s']:.1f}" in md
+
+
+def test_trace_of_the_evaluated_prompts(bench_run):
+    """``--trace-evaluated``: every cell with ``adaptive`` has a trace of a cold-start ``adaptive``
+    pass on the prompts the timed runs decode (not the held-out prompts of the ``adaptive-warm``
+    training trace), complete and readable by replay's loader; in a greedy cell it commits exactly
+    the tokens of each timed ``adaptive`` run."""
+    from adaptive_spec.sim.trace_io import load_replay_trace
+
+    from adaptive_spec.trace import read_trace
+
+    _, out = bench_run
+    data = json.loads((out / "bench.json").read_text())
+    for cell in data["cells"]:
+        prep = cell["prepare"]["main"]
+        trace = read_trace(prep["eval_trace"])
+        assert not trace.truncated and trace.header["policy"] == "adaptive", cell["id"]
+        prompts = {tuple(r["prompt_token_ids"]) for r in trace.requests.values()}
+        assert len(prompts) == 2, cell["id"]  # --prompts 2
+        committed = sum(q["emitted"] for s in trace.steps for q in s["requests"])
+        if cell["id"].endswith("t0"):
+            train = read_trace(prep["trace"])
+            held_out = {tuple(r["prompt_token_ids"]) for r in train.requests.values()}
+            assert prompts.isdisjoint(held_out), cell["id"]
+            runs = cell["configs"]["adaptive"]["runs"]
+            assert {r["output_tokens"] for r in runs} == {committed}, cell["id"]
+        assert len(load_replay_trace(prep["eval_trace"]).requests) == 2

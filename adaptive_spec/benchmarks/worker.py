@@ -9,7 +9,10 @@ set through vLLM's own admission limit (``max_num_active_seqs``, the scheduler's
    the **reference** (``logprobs=2``) that every greedy run is checked against
    (:func:`adaptive_spec.identity.compare_greedy`);
 2. for ``adaptive-warm``, an untimed, traced **training** pass of the adaptive controller on held-out
-   prompts of the same workload saves the policy state (and gives the arm-mix-over-time plot);
+   prompts of the same workload saves the policy state (and gives the arm-mix-over-time plot); with
+   ``trace_evaluated`` in the spec, an untimed, traced pass of ``adaptive`` as its timed run of round 0
+   runs it, on the evaluated prompts (``trace_eval_<cell>.jsonl``: the trace that
+   ``adaptive-spec replay`` can be checked against the timed runs with);
 3. ``repeats`` rounds; in each, every configuration generates for all the cell's prompts once, in an
    order rotated by one each round. Each run reports wall time, output tokens, goodput, mean accepted
    length, acceptance rate, controller overhead and greedy identity;
@@ -282,6 +285,7 @@ class _Cell:
         self.reference: list[Any] | None = None
         self.state_path = work_dir / f"state_{cell['slug']}.json"
         self.trace_path = work_dir / f"trace_{cell['slug']}.jsonl"
+        self.eval_trace_path = work_dir / f"trace_eval_{cell['slug']}.jsonl"
 
     def category_of(self, ids: Sequence[int]) -> str | None:
         return self.cats.get(tuple(ids))
@@ -378,8 +382,11 @@ def _prefill_params() -> Any:
     return SamplingParams(temperature=0.0, max_tokens=1)
 
 
-def _prepare_cell(llm: Any, cell: _Cell, max_k: int, log: Any) -> dict[str, Any]:
-    """Untimed passes: warm-up/reference, and the training pass for ``adaptive-warm``."""
+def _prepare_cell(
+    llm: Any, cell: _Cell, max_k: int, log: Any, trace_evaluated: bool = False
+) -> dict[str, Any]:
+    """Untimed passes: warm-up/reference, the training pass for ``adaptive-warm`` and, with
+    ``trace_evaluated``, a traced pass of ``adaptive`` on the evaluated prompts."""
     from vllm import SamplingParams
 
     from adaptive_spec.vllm import AdaptiveSpec
@@ -421,6 +428,29 @@ def _prepare_cell(llm: Any, cell: _Cell, max_k: int, log: Any) -> dict[str, Any]
         info["trace"] = str(cell.trace_path)
         info["policy_state"] = str(cell.state_path)
         log(f"{cell.id}: training pass for adaptive-warm done ({info['training_s']:.1f} s)")
+    if trace_evaluated and "adaptive" in cell.spec["configs"]:
+        # The timed `adaptive` run of round 0 (cold start, seed 0, the same proposers), traced: the
+        # trace of the prompts the timed runs decode, for `adaptive-spec replay` to be checked on.
+        t0 = time.perf_counter()
+        proposers = config_proposers("adaptive", "main")
+        spec = AdaptiveSpec(
+            llm,
+            proposers,
+            policy=make_bench_policy("adaptive", proposers, max_k, seed=0),
+            trace=cell.eval_trace_path,
+            policy_state=None,
+            category_of=cell.category_of,
+            seed=0,
+        )
+        try:
+            _generate(llm, cell.ids, cell.params)
+        finally:
+            spec.detach()
+        info["eval_trace_s"] = time.perf_counter() - t0
+        info["eval_trace"] = str(cell.eval_trace_path)
+        log(
+            f"{cell.id}: traced adaptive pass on the evaluated prompts ({info['eval_trace_s']:.1f} s)"
+        )
     return info
 
 
@@ -432,7 +462,8 @@ def run_vllm_group(spec: dict[str, Any], out_path: str | Path | None = None) -> 
     spec : dict
         ``engine`` (main, dynamic, draft), ``model``, ``dtype``, ``max_k``, ``max_num_seqs``,
         ``enforce_eager``, ``draft_model``, ``lora_adapters`` (name -> directory, draft engine only),
-        ``dynamic_table``, ``seed``, ``repeats`` (>= 1), ``work_dir``, and
+        ``dynamic_table``, ``seed``, ``repeats`` (>= 1), ``work_dir``, ``trace_evaluated`` (bool,
+        optional: the traced pass of step 2 of the module docstring), and
         ``cells``: dicts with ``id``, ``slug``, ``texts``, ``categories``, ``train_texts``,
         ``train_categories``, ``concurrency`` (<= ``max_num_seqs``), ``temperature``, ``max_tokens`` and
         ``configs``.
@@ -512,7 +543,9 @@ def run_vllm_group(spec: dict[str, Any], out_path: str | Path | None = None) -> 
         configs = list(cell_spec["configs"])
         beside = nospec_llm if "nospec" in configs else None
         try:
-            res["prepare"] = _prepare_cell(llm, cell, max_k, log)
+            res["prepare"] = _prepare_cell(
+                llm, cell, max_k, log, trace_evaluated=bool(spec.get("trace_evaluated"))
+            )
             if beside is not None:
                 # Prefill pass: the plain engine's prefix cache as warm as the main engine's.
                 _generate(beside, cell.ids, _prefill_params())
