@@ -291,6 +291,36 @@ class _Cell:
         return self.cats.get(tuple(ids))
 
 
+def _attach(
+    llm: Any,
+    cell: _Cell,
+    name: str,
+    engine: str,
+    max_k: int,
+    seed: int,
+    state: Path | None = None,
+    lora_adapters: dict[str, str] | None = None,
+    trace: Path | None = None,
+) -> Any:
+    """``AdaptiveSpec`` attached to ``llm`` as configuration ``name`` runs: only the proposers it
+    uses, its policy seeded with ``seed`` (the round), ``state`` loaded if given, ``trace`` if given."""
+    from adaptive_spec.vllm import AdaptiveSpec
+
+    adapters = lora_adapters or {}
+    proposers = config_proposers(name, engine, list(adapters))
+    used = {p.removeprefix("lora:") for p in proposers if p.startswith("lora:")}
+    return AdaptiveSpec(
+        llm,
+        proposers,
+        policy=make_bench_policy(name, proposers, max_k, seed=seed),
+        policy_state=state,
+        category_of=cell.category_of,
+        seed=seed,
+        lora_adapters={n: a for n, a in adapters.items() if n in used},
+        trace=trace,
+    )
+
+
 def _run_config(
     llm: Any,
     cell: _Cell,
@@ -302,7 +332,6 @@ def _run_config(
     lora_adapters: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     from adaptive_spec.identity import compare_greedy
-    from adaptive_spec.vllm import AdaptiveSpec
 
     info = parse_config(name, max_k)
     stats: dict[str, Any] | None = None
@@ -322,19 +351,7 @@ def _run_config(
                 raise RuntimeError(f"no trained policy state at {cell.state_path}")
             state = work_dir / f"warm_{cell.spec['slug']}_r{repeat}.json"
             shutil.copyfile(cell.state_path, state)
-        adapters = lora_adapters or {}
-        proposers = config_proposers(name, engine, list(adapters))
-        policy = make_bench_policy(name, proposers, max_k, seed=repeat)
-        used = {p.removeprefix("lora:") for p in proposers if p.startswith("lora:")}
-        spec = AdaptiveSpec(
-            llm,
-            proposers,
-            policy=policy,
-            policy_state=state,
-            category_of=cell.category_of,
-            seed=repeat,
-            lora_adapters={n: a for n, a in adapters.items() if n in used},
-        )
+        spec = _attach(llm, cell, name, engine, max_k, repeat, state, lora_adapters)
         try:
             outs, wall = _generate(llm, cell.ids, cell.params)
         finally:
@@ -432,16 +449,7 @@ def _prepare_cell(
         # The timed `adaptive` run of round 0 (cold start, seed 0, the same proposers), traced: the
         # trace of the prompts the timed runs decode, for `adaptive-spec replay` to be checked on.
         t0 = time.perf_counter()
-        proposers = config_proposers("adaptive", "main")
-        spec = AdaptiveSpec(
-            llm,
-            proposers,
-            policy=make_bench_policy("adaptive", proposers, max_k, seed=0),
-            trace=cell.eval_trace_path,
-            policy_state=None,
-            category_of=cell.category_of,
-            seed=0,
-        )
+        spec = _attach(llm, cell, "adaptive", "main", max_k, 0, trace=cell.eval_trace_path)
         try:
             _generate(llm, cell.ids, cell.params)
         finally:
