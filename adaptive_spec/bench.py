@@ -460,7 +460,9 @@ def main(args: argparse.Namespace) -> int:
         console.print(
             f"  {c.id}: {c.prompts} prompts x {c.max_tokens} tokens: {', '.join(c.configs)}"
         )
-    est = estimate_minutes(cells, repeats, eager=args.eager, confirm=confirm)
+    est = estimate_minutes(
+        cells, repeats, eager=args.eager, confirm=confirm, trace_evaluated=args.trace_evaluated
+    )
     console.print(
         f"estimated duration on 2 quiet cores: about {est:.0f} min (nominal rates; a loaded machine is slower)"
     )

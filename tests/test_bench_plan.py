@@ -145,6 +145,12 @@ def test_estimate_grows_with_repeats_and_builds():
     one, three = estimate_minutes(cells, 1), estimate_minutes(cells, 3)
     assert three > one > 0
     assert estimate_minutes(cells, 1, eager=True) < one
+    # --trace-evaluated adds one pass in a cell that runs adaptive, none elsewhere
+    assert estimate_minutes(cells, 1, trace_evaluated=True) == one
+    ad = [Cell("code", 4, 0.0, 4, 32, ("none", "adaptive"))]
+    base, traced = estimate_minutes(ad, 1), estimate_minutes(ad, 1, trace_evaluated=True)
+    # one repeat more is two passes here (none and adaptive): the traced pass is one
+    assert traced - base == pytest.approx((estimate_minutes(ad, 2) - base) / 2)
 
 
 def test_custom_plan_product_and_hf_filter():

@@ -330,11 +330,17 @@ NOMINAL_BUILD_S = {"compiled": 90.0, "eager": 20.0}
 
 
 def estimate_minutes(
-    cells: list[Cell], repeats: int, *, eager: bool = False, confirm: int = 0
+    cells: list[Cell],
+    repeats: int,
+    *,
+    eager: bool = False,
+    confirm: int = 0,
+    trace_evaluated: bool = False,
 ) -> float:
     """A rough duration of a plan on 2 quiet cores, in minutes: every generation pass (timed runs,
     references, training passes, ``confirm`` rounds of three configurations in cells that run the
-    adaptive controller) at the nominal no-speculation rate, plus engine builds."""
+    adaptive controller, and with ``trace_evaluated`` one traced adaptive pass in those cells) at
+    the nominal no-speculation rate, plus engine builds."""
     passes_s = 0.0
     engines = set()
     for c in cells:
@@ -356,7 +362,7 @@ def estimate_minutes(
         )
         passes_s += extra * tokens / rate
         if "adaptive" in c.configs:
-            passes_s += 3 * confirm * tokens / rate
+            passes_s += (3 * confirm + trace_evaluated) * tokens / rate
     build = NOMINAL_BUILD_S["eager" if eager else "compiled"]
     builds = sum(build if e != "hf" else 15.0 for e in engines)
     return (passes_s + builds) / 60.0
