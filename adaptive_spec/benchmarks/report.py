@@ -298,7 +298,8 @@ def make_plots(out_dir: Path, cells: list[dict[str, Any]]) -> list[str]:
         p = plot_bars(
             {n: summ[n]["goodput_tok_s"] for n in names},
             out_dir / f"goodput_{cell['slug']}.png",
-            title=f"Goodput: {cell['id']} ({cell['prompts']} prompts x {cell['max_tokens']} tokens)",
+            title=f"Goodput: {cell['id']} ({cell['prompts']} prompts x {cell['max_tokens']} tokens"
+            + (", EOS ignored)" if cell.get("ignore_eos") else ")"),
             ylabel="output tokens/s",
             baseline=none,
         )

@@ -280,7 +280,9 @@ class _Cell:
         self.cats = cats
         self.temperature = float(cell["temperature"])
         self.params = SamplingParams(
-            temperature=self.temperature, max_tokens=int(cell["max_tokens"])
+            temperature=self.temperature,
+            max_tokens=int(cell["max_tokens"]),
+            ignore_eos=bool(cell.get("ignore_eos", False)),
         )
         self.reference: list[Any] | None = None
         self.state_path = work_dir / f"state_{cell['slug']}.json"
