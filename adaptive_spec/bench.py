@@ -471,6 +471,7 @@ def main(args: argparse.Namespace) -> int:
             continue
         kept.append(c)
     cells = kept
+    past_eos = {c.id: ignores_eos(c, args.ignore_eos) for c in cells}
     console.print(
         f"[bold]adaptive-spec bench[/] ({mode}): {len(cells)} cells, {repeats} interleaved repeats "
         f"+ {confirm} confirmation rounds, "
@@ -479,7 +480,7 @@ def main(args: argparse.Namespace) -> int:
     for c in cells:
         console.print(
             f"  {c.id}: {c.prompts} prompts x {c.max_tokens} tokens"
-            + (" (EOS ignored)" if ignores_eos(c, args.ignore_eos) else "")
+            + (" (EOS ignored)" if past_eos[c.id] else "")
             + f": {', '.join(c.configs)}"
         )
     est = estimate_minutes(
@@ -511,11 +512,11 @@ def main(args: argparse.Namespace) -> int:
             "temperature": c.temperature,
             "prompts": len(ev),
             "max_tokens": c.max_tokens,
-            "ignore_eos": ignores_eos(c, args.ignore_eos),
+            "ignore_eos": past_eos[c.id],
             "prompt_ids": [p.source_id for p in ev],
             "configs": {},
         }
-    eos_cells = [c.id for c in cells if ignores_eos(c, args.ignore_eos)]
+    eos_cells = [cid for cid, past in past_eos.items() if past]
     if eos_cells:
         notes.append(
             f"{', '.join(eos_cells)}: every request decodes to max_tokens past EOS (--ignore-eos "
@@ -535,7 +536,7 @@ def main(args: argparse.Namespace) -> int:
                 continue
             if with_none and "none" not in cfg:
                 cfg = ["none", *cfg]
-            out.append(_cell_payload(c, texts, cfg, ignore_eos=ignores_eos(c, args.ignore_eos)))
+            out.append(_cell_payload(c, texts, cfg, ignore_eos=past_eos[c.id]))
         return out
 
     def run_group(group: str, payload: list[dict[str, Any]], **extra: Any) -> None:
@@ -598,9 +599,7 @@ def main(args: argparse.Namespace) -> int:
             f"[bold]vLLM table[/] for {label} (best static n-gram k per concurrency {best}): {table}"
         )
         payload = [
-            _cell_payload(
-                c, texts, ["none", "vllm-dynamic"], ignore_eos=ignores_eos(c, args.ignore_eos)
-            )
+            _cell_payload(c, texts, ["none", "vllm-dynamic"], ignore_eos=past_eos[c.id])
             for c in these
         ]
         run_group(f"dynamic:{label}", payload, dynamic_table=table)
