@@ -1,6 +1,6 @@
 """Micro-benchmark: the adaptive controller's hot path, microseconds per engine step.
 
-Times ``decide`` + ``observe`` of :class:`adaptive_spec.controller.AdaptiveController` on synthetic
+Times ``decide`` + ``observe`` of :class:`adaptive_spec.core.controller.AdaptiveController` on synthetic
 steps shaped like the embedded default's traffic (max k 8; an n-gram draft for 30 % of the requests,
 suffix-like drafts for 60 %, Jacobi drafts for the requests whose argmax rows were recorded), at batch
 sizes 1, 4, 16, 64 and 256. The views, drafts and outcomes are built before the clock starts; only
@@ -11,7 +11,7 @@ before each timed call, so that the caches are as cold as after an engine's forw
     python benchmarks/bench_controller.py [--steps 400] [--batches 1,4,16,64,256] [--cold] [--json out.json]
 
 The step driver around the policy (proposers, trace, metrics) is timed with ``--driver``: the same
-steps through :class:`adaptive_spec.driver.StepDriver` with external drafts.
+steps through :class:`adaptive_spec.core.driver.StepDriver` with external drafts.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import time
 
 import numpy as np
 
-from adaptive_spec.controller import AdaptiveController
-from adaptive_spec.driver import LiveRequest, StepDriver, VerifiedRequest
-from adaptive_spec.protocol import RequestOutcome, RequestView, StepOutcome, StepView
+from adaptive_spec.core.controller import AdaptiveController
+from adaptive_spec.core.driver import LiveRequest, StepDriver, VerifiedRequest
+from adaptive_spec.core.protocol import RequestOutcome, RequestView, StepOutcome, StepView
 
 K = 8
 # --cpu: time.thread_time (CPU time of this thread: robust to a busy machine)

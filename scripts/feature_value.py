@@ -29,7 +29,7 @@ committed token (teacher-forced over prompt + output with transformers on the em
 float32, about a minute per 32 requests here), cut at 0.5 / 0.8 / 0.95 or at 0.3 / 0.5 / 0.7 / 0.9 /
 0.99. In the engine it would come from the logits of the step that emitted that token, before the
 next decision. This is an analysis script (plain Python, about a minute per 100 requests); the
-controller's own features are in ``adaptive_spec.acceptance``.
+controller's own features are in ``adaptive_spec.core.acceptance``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import numpy as np
 from adaptive_spec.sim.requests import matched_length
 from adaptive_spec.sim.trace_io import load_replay_trace
 
-from adaptive_spec.acceptance import match_thresholds
+from adaptive_spec.core.acceptance import match_thresholds
 
 KS = (0, 1, 2, 3, 4, 6, 8)
 Row = tuple[int, int, dict[str, int]] | None  # (accepted length, draft length, features)
@@ -81,7 +81,7 @@ def load_target() -> object:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from adaptive_spec.models import default_model_path
+    from adaptive_spec.vllm.models import default_model_path
 
     path = default_model_path("float32")
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()

@@ -27,15 +27,15 @@ import sys
 import time
 from typing import Any
 
-from adaptive_spec.run import _positive_int
+from adaptive_spec.commands.run import _positive_int
 
 TIMED = (
-    ("adaptive_spec.driver", "StepDriver", "decide", "driver.decide"),
-    ("adaptive_spec.driver", "StepDriver", "observe", "driver.observe"),
-    ("adaptive_spec.controller", "AdaptiveController", "decide", "ctrl.decide"),
-    ("adaptive_spec.controller", "AdaptiveController", "observe", "ctrl.observe"),
-    ("adaptive_spec.cost_model", "StepCostModel", "update", "cost.update"),
-    ("adaptive_spec.cost_model", "StepCostModel", "refresh", "cost.refresh"),
+    ("adaptive_spec.core.driver", "StepDriver", "decide", "driver.decide"),
+    ("adaptive_spec.core.driver", "StepDriver", "observe", "driver.observe"),
+    ("adaptive_spec.core.controller", "AdaptiveController", "decide", "ctrl.decide"),
+    ("adaptive_spec.core.controller", "AdaptiveController", "observe", "ctrl.observe"),
+    ("adaptive_spec.core.cost_model", "StepCostModel", "update", "cost.update"),
+    ("adaptive_spec.core.cost_model", "StepCostModel", "refresh", "cost.refresh"),
     ("adaptive_spec.proposers.ngram", "NgramProposer", "propose", "ngram.propose"),
     ("adaptive_spec.proposers.jacobi", "JacobiProposer", "propose", "jacobi.propose"),
     ("adaptive_spec.vllm.attach", "AdaptiveSpec", "_pre_update", "_pre_update"),
@@ -91,10 +91,10 @@ def main() -> int:
     instrument(totals)
     from vllm import SamplingParams
 
-    from adaptive_spec.compare_static import static_proposers
-    from adaptive_spec.engine import build_llm
+    from adaptive_spec.commands.compare_static import static_proposers
+    from adaptive_spec.commands.workloads import chat_token_ids, load_workload
     from adaptive_spec.vllm import AdaptiveSpec
-    from adaptive_spec.workloads import chat_token_ids, load_workload
+    from adaptive_spec.vllm.engine import build_llm
 
     llm = build_llm(None, max_k=8, concurrency=args.concurrency, method="ngram")
     prompts = load_workload("mixed", args.prompts, seed=0)

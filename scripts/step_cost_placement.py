@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from adaptive_spec.run import _positive_int, add_engine_args, build_engine
+from adaptive_spec.commands.run import _positive_int, add_engine_args, build_engine
 from adaptive_spec.vllm import AdaptiveSpec
 from adaptive_spec.vllm import calibrate as cal_mod
 

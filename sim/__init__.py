@@ -2,7 +2,7 @@
 off-policy evaluation and synthetic workloads (``docs/replay.md``).
 
 Engine-agnostic (no vLLM): policies are driven through the same
-:class:`~adaptive_spec.controller.SpecPolicy` interface the engine uses.
+:class:`~adaptive_spec.core.controller.SpecPolicy` interface the engine uses.
 """
 
 from .compare import Comparison, compare_policies
@@ -28,7 +28,6 @@ from .counterfactual import (
     write_counterfactuals,
 )
 from .oracle import OracleBound, OraclePolicy, PerRequestStaticPolicy, oracle_bound, plan_request
-from .peers import BanditSpecPolicy, SmartSpecPolicy
 from .policies import SIM_POLICY_NAMES, build_policy
 from .regret import Regret, regret, regret_curve
 from .replay import ReplayResult, replay
@@ -38,7 +37,6 @@ from .trace_io import load_replay_trace
 __all__ = [
     "PRESETS",
     "SIM_POLICY_NAMES",
-    "BanditSpecPolicy",
     "Comparison",
     "CostProfile",
     "Counterfactuals",
@@ -51,7 +49,6 @@ __all__ = [
     "ReplayRequest",
     "ReplayResult",
     "RooflineCostProfile",
-    "SmartSpecPolicy",
     "build_counterfactuals",
     "build_policy",
     "compare_policies",

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from adaptive_spec.arms import arm_space
+from adaptive_spec.core.arms import arm_space
 
 from .cost_profiles import CostProfile
 from .oracle import OracleBound, oracle_bound

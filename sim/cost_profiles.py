@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from adaptive_spec.cost_table import StepCostTable
-from adaptive_spec.trace import Trace
+from adaptive_spec.core.cost_table import StepCostTable
+from adaptive_spec.core.trace import Trace
 
 COEF_NAMES = ("c0", "c_batch", "c_token", "c_draft_pass", "c_prefill_token")
 
@@ -342,7 +342,7 @@ class TabulatedCostProfile(CostProfile):
 
 @dataclass(slots=True)
 class TableCostProfile(CostProfile):
-    """The controller's own measured step-cost table (:class:`adaptive_spec.cost_table.StepCostTable`)
+    """The controller's own measured step-cost table (:class:`adaptive_spec.core.cost_table.StepCostTable`)
     as a replay profile: replay then prices steps exactly as the controller does (the same table the
     engine recorded in its trace header), so regret against the oracle is measured under one cost
     model. A draft-model pass costs ``draft_pass_s`` per pass (0 for an n-gram engine).
@@ -683,7 +683,7 @@ def profile_table(profile: CostProfile, *, max_batch: int = 256, max_k: int = 16
     under one cost model."""
     if isinstance(profile, TableCostProfile) and profile.scale == 1.0 and profile.draft_pass_s == 0:
         return profile.table
-    from adaptive_spec.cost_table import BATCH_GRID, TOKEN_GRID
+    from adaptive_spec.core.cost_table import BATCH_GRID, TOKEN_GRID
 
     bg = [b for b in BATCH_GRID if b <= max(max_batch, 2)]
     if len(bg) < 2:

@@ -30,7 +30,7 @@ of each draft token (:func:`expected_accepted_length`); version 1 traces do not 
 the replay scores sampled requests by equality and counts them (see ``docs/replay.md``).
 
 :func:`write_counterfactuals` stores the tables in a trace as ``"counterfactual"`` lines (ignored by
-:func:`adaptive_spec.trace.read_trace`); :func:`read_counterfactuals` loads them back.
+:func:`adaptive_spec.core.trace.read_trace`); :func:`read_counterfactuals` loads them back.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from adaptive_spec.trace import Trace
+from adaptive_spec.core.trace import Trace
 
 from .requests import DraftTable, matched_length, outputs_from_trace
 
@@ -508,9 +508,9 @@ def write_counterfactuals(
     Raises
     ------
     ValueError
-        When ``trace_path`` is not a readable trace (see :func:`adaptive_spec.trace.read_trace`).
+        When ``trace_path`` is not a readable trace (see :func:`adaptive_spec.core.trace.read_trace`).
     """
-    from adaptive_spec.trace import read_trace
+    from adaptive_spec.core.trace import read_trace
 
     read_trace(trace_path)  # validates schema and version
     trace_path, out_path = Path(trace_path), Path(out_path)
@@ -548,7 +548,7 @@ def write_counterfactuals(
 
 def read_counterfactuals(path: str | Path) -> Counterfactuals:
     """Load the ``"counterfactual"`` lines of a trace. A cut last line is ignored (as by
-    :func:`adaptive_spec.trace.read_trace`)."""
+    :func:`adaptive_spec.core.trace.read_trace`)."""
     cf = Counterfactuals()
     with Path(path).open("r", encoding="utf-8") as f:
         for line in f:

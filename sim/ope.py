@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adaptive_spec.arms import Arm, arm_space
-from adaptive_spec.trace import Trace
+from adaptive_spec.core.arms import Arm, arm_space
+from adaptive_spec.core.trace import Trace
 
 ESTIMATORS = ("ips", "snips", "dr")
 
@@ -368,7 +368,7 @@ def logged_bandit_from_trace(trace: Trace, *, reward: str = "goodput") -> Logged
 
 def static_target(logs: LoggedBandit, arm: Arm) -> np.ndarray:
     """Target probabilities of the static policy playing ``arm`` (cut to the longest available k of
-    its proposer at each row, or ``none``), as :class:`~adaptive_spec.baselines.StaticPolicy` does."""
+    its proposer at each row, or ``none``), as :class:`~adaptive_spec.core.baselines.StaticPolicy` does."""
     names = logs.action_names
     index = {a: i for i, a in enumerate(names)}
     n = len(logs)

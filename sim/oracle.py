@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adaptive_spec.arms import NO_SPEC, Arm, arm_space
-from adaptive_spec.protocol import Decision, SpecPolicy, StepView
+from adaptive_spec.core.arms import NO_SPEC, Arm, arm_space
+from adaptive_spec.core.protocol import Decision, SpecPolicy, StepView
 
 from .cost_profiles import CostProfile, LinearCoefficients, is_draft_model
 from .requests import ReplayRequest
@@ -210,7 +210,7 @@ class OraclePolicy(SpecPolicy):
 
 def static_request_cost(req: ReplayRequest, arm: Arm, max_k: int, weights: StepWeights) -> float:
     """Per-request cost (``weights``) of playing ``arm`` at every step, cut to the draft offered and
-    to the budget as :class:`~adaptive_spec.baselines.StaticPolicy` does."""
+    to the budget as :class:`~adaptive_spec.core.baselines.StaticPolicy` does."""
     L = len(req)
     total = weights.prefill(req.prefill_len)
     n = 1

@@ -1,4 +1,4 @@
-"""Policy names the replay accepts: everything :func:`adaptive_spec.policies.make_policy` builds, plus
+"""Policy names the replay accepts: everything :func:`adaptive_spec.core.policies.make_policy` builds, plus
 the hindsight comparators and the published peers. Policies that price steps (the adaptive controller,
 SmartSpec) get the replay's cost profile as their measured table (:func:`profile_table`), the same
 cost model the oracle plans with. Given the recorded engine's key, the adaptive controller starts from
@@ -10,9 +10,9 @@ that model's shipped acceptance prior, as it does in the engine.
   already knows every context cell's frequency on these requests, which separates what its context
   features can tell from what learning them online costs;
 * ``per-request-static``: :class:`~adaptive_spec.sim.oracle.PerRequestStaticPolicy`;
-* ``smartspec[:<proposer>]``, ``smartspec+[:<proposer>]``: :class:`~adaptive_spec.sim.peers.SmartSpecPolicy`
+* ``smartspec[:<proposer>]``, ``smartspec+[:<proposer>]``: :class:`~adaptive_spec.core.peers.SmartSpecPolicy`
   (``+``: also scores unverified drafts);
-* ``banditspec[:<proposer>]``: :class:`~adaptive_spec.sim.peers.BanditSpecPolicy`.
+* ``banditspec[:<proposer>]``: :class:`~adaptive_spec.core.peers.BanditSpecPolicy`.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from adaptive_spec.controller import AdaptiveController
-from adaptive_spec.policies import POLICY_NAMES, make_policy
-from adaptive_spec.priors import apply_prior
-from adaptive_spec.protocol import SpecPolicy
+from adaptive_spec.core.controller import AdaptiveController
+from adaptive_spec.core.peers import BanditSpecPolicy, SmartSpecPolicy
+from adaptive_spec.core.policies import POLICY_NAMES, make_policy
+from adaptive_spec.core.priors import apply_prior
+from adaptive_spec.core.protocol import SpecPolicy
 
 from .cost_profiles import CostProfile, profile_table
 from .oracle import OraclePolicy, PerRequestStaticPolicy
-from .peers import BanditSpecPolicy, SmartSpecPolicy
 from .requests import ReplayRequest
 
 SIM_POLICY_NAMES = (
@@ -53,9 +53,9 @@ def build_policy(
     prior_key: Mapping[str, Any] | None = None,
 ) -> SpecPolicy:
     """Build a policy by name (see the module docstring). ``prior_key`` (the recorded engine's model
-    and dtype, ``adaptive_spec.machine.engine_key``): a learning policy starts from the shipped
+    and dtype, ``adaptive_spec.core.machine.engine_key``): a learning policy starts from the shipped
     acceptance prior of that model, as :class:`~adaptive_spec.vllm.AdaptiveSpec` starts one that loads
-    no saved state (:func:`adaptive_spec.priors.apply_prior`); without it, from the generic prior.
+    no saved state (:func:`adaptive_spec.core.priors.apply_prior`); without it, from the generic prior.
 
     Raises
     ------
@@ -130,7 +130,7 @@ def hindsight_controller(
     Raises
     ------
     ValueError
-        As :class:`~adaptive_spec.controller.AdaptiveController` for invalid ``proposers``/``max_k``.
+        As :class:`~adaptive_spec.core.controller.AdaptiveController` for invalid ``proposers``/``max_k``.
     """
     from .replay import replay
 

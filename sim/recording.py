@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adaptive_spec.arms import Arm
-from adaptive_spec.protocol import Decision, SpecPolicy, StepOutcome, StepView
+from adaptive_spec.core.arms import Arm
+from adaptive_spec.core.protocol import Decision, SpecPolicy, StepOutcome, StepView
 
 
 @dataclass(frozen=True, slots=True)

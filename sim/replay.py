@@ -1,12 +1,12 @@
-"""Offline replay: run any :class:`~adaptive_spec.protocol.SpecPolicy` over a recorded workload.
+"""Offline replay: run any :class:`~adaptive_spec.core.protocol.SpecPolicy` over a recorded workload.
 
 The simulator advances every request along its known output sequence, through the same step driver
-as the engine (:class:`adaptive_spec.driver.StepDriver`: views, decision, drafts cut to k, outcomes,
+as the engine (:class:`adaptive_spec.core.driver.StepDriver`: views, decision, drafts cut to k, outcomes,
 metrics, trace rows), so a policy behaves here as it does in vLLM. Per simulated step:
 
 1. admit waiting requests (in the given order, once arrived) until ``max_batch`` run; a newly admitted
    request spends this step in prefill and emits its first output token (no drafts, as in vLLM);
-2. build a :class:`~adaptive_spec.controller.StepView` for the decoding requests, with each proposer's
+2. build a :class:`~adaptive_spec.core.controller.StepView` for the decoding requests, with each proposer's
    counterfactual draft at the request's current position, and call ``policy.decide``;
 3. per request: cut the chosen proposer's draft to k (an empty draft means no speculation), accepted
    length = common prefix of the draft and the true next tokens, emitted = accepted + 1 (the bonus or
@@ -14,20 +14,20 @@ metrics, trace rows), so a policy behaves here as it does in vLLM. Per simulated
 4. charge the cost profile's step time for (batch size, verified tokens, draft passes, prefill tokens:
    those the engine computed, :attr:`~adaptive_spec.sim.requests.ReplayRequest.prefill_len`),
    optionally with multiplicative log-normal noise;
-5. call ``policy.observe`` with a :class:`~adaptive_spec.controller.StepOutcome` (emitted token ids = the
+5. call ``policy.observe`` with a :class:`~adaptive_spec.core.controller.StepOutcome` (emitted token ids = the
    true next tokens) and ``policy.release`` for finished requests.
 
 With ``drafter_pass_s = (plain, adapted)``, the run models an engine built with a draft model: its
 pass runs every step whatever is played, costing ``adapted`` seconds when the policy wanted LoRA
-adapters applied (:meth:`~adaptive_spec.protocol.SpecPolicy.drafter_adapters_wanted` after the
+adapters applied (:meth:`~adaptive_spec.core.protocol.SpecPolicy.drafter_adapters_wanted` after the
 step's decision; only a policy with a ``lora:<name>`` proposer applies any) and ``plain`` otherwise,
 and ``lora:<name>`` drafts are offered only at the step after an adapted pass, as in vLLM (the pass
 of a step makes the drafts the next one verifies). The pass's time and kind reach the policy's
-:class:`~adaptive_spec.protocol.StepOutcome`.
+:class:`~adaptive_spec.core.protocol.StepOutcome`.
 
 Goodput is committed tokens over the summed step times. With a
-:class:`~adaptive_spec.trace.TraceWriter` the run is also written as a trace in the engine's schema
-(:mod:`adaptive_spec.trace`), which is how :mod:`adaptive_spec.sim.synthetic` records traces.
+:class:`~adaptive_spec.core.trace.TraceWriter` the run is also written as a trace in the engine's schema
+(:mod:`adaptive_spec.core.trace`), which is how :mod:`adaptive_spec.sim.synthetic` records traces.
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ from typing import Any
 
 import numpy as np
 
-from adaptive_spec.arms import NO_SPEC
-from adaptive_spec.driver import LiveRequest, StepDriver, VerifiedRequest
-from adaptive_spec.metrics import SpecMetrics
-from adaptive_spec.protocol import SpecPolicy
-from adaptive_spec.trace import TraceWriter
+from adaptive_spec.core.arms import NO_SPEC
+from adaptive_spec.core.driver import LiveRequest, StepDriver, VerifiedRequest
+from adaptive_spec.core.metrics import SpecMetrics
+from adaptive_spec.core.protocol import SpecPolicy
+from adaptive_spec.core.trace import TraceWriter
 
 from .cost_profiles import CostProfile, is_draft_model
 from .requests import ReplayRequest
@@ -74,7 +74,7 @@ class ReplayResult:
         Per-step time (float64, s) and committed tokens (int64).
     step_arms : list of dict
         Per step ``{"requests": [{"arm": str}]}`` for the decode request-steps (the shape
-        :func:`adaptive_spec.plots.plot_arm_choices` reads).
+        :func:`adaptive_spec.commands.plots.plot_arm_choices` reads).
     sampled_request_steps : int
         Decode request-steps of requests with temperature > 0 (scored by equality: approximate).
     policy_time_s : float
@@ -103,7 +103,7 @@ class ReplayResult:
 
     @property
     def mean_accepted_length(self) -> float:
-        """Tokens committed per request-step (1.0 without speculation; :mod:`adaptive_spec.metrics`)."""
+        """Tokens committed per request-step (1.0 without speculation; :mod:`adaptive_spec.core.metrics`)."""
         return self.tokens / self.request_steps if self.request_steps else 0.0
 
     @property

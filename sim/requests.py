@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from adaptive_spec.arms import check_proposer_name
-from adaptive_spec.trace import Trace
+from adaptive_spec.core.arms import check_proposer_name
+from adaptive_spec.core.trace import Trace
 
 if TYPE_CHECKING:
     from .counterfactual import Counterfactuals
@@ -256,7 +256,7 @@ def requests_from_trace(
     Parameters
     ----------
     trace : Trace
-        A loaded trace (:func:`adaptive_spec.trace.read_trace`).
+        A loaded trace (:func:`adaptive_spec.core.trace.read_trace`).
     counterfactuals : Counterfactuals, optional
         From :func:`adaptive_spec.sim.counterfactual.build_counterfactuals` or
         :func:`~adaptive_spec.sim.counterfactual.read_counterfactuals`; for a proposer present there,

@@ -13,7 +13,7 @@ ramp or spike. Everything that makes the optimum computable is known:
   offer a draft but not their accepted length (Dinkelbach's method on the renewal-reward ratio), and
   :func:`pseudo_regret` the per-step loss of an arm against it.
 
-:func:`record_trace` writes a valid trace (engine schema, :mod:`adaptive_spec.trace`) of a policy run
+:func:`record_trace` writes a valid trace (engine schema, :mod:`adaptive_spec.core.trace`) of a policy run
 over a synthetic workload, with counterfactual lines for every proposer, so replay tests need no vLLM.
 """
 
@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from adaptive_spec.arms import NO_SPEC, Arm, arm_space, check_proposer_name
-from adaptive_spec.controller import DECISION_FEATURES
-from adaptive_spec.protocol import SpecPolicy
-from adaptive_spec.trace import TraceWriter
+from adaptive_spec.core.arms import NO_SPEC, Arm, arm_space, check_proposer_name
+from adaptive_spec.core.controller import DECISION_FEATURES
+from adaptive_spec.core.protocol import SpecPolicy
+from adaptive_spec.core.trace import TraceWriter
 
 from .cost_profiles import CostProfile, is_draft_model
 from .counterfactual import Counterfactuals, write_counterfactuals

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from adaptive_spec.trace import Trace, read_trace
+from adaptive_spec.core.trace import Trace, read_trace
 
 from .counterfactual import (
     Counterfactuals,

@@ -17,14 +17,14 @@ SHARED = ROOT.parent / "shared"
 
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
-    from adaptive_spec.models import default_model_path
+    from adaptive_spec.vllm.models import default_model_path
 
     return default_model_path("bfloat16")
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(default_model_dir: Path) -> Path:
-    from adaptive_spec.models import cache_dir
+    from adaptive_spec.core.paths import cache_dir
     from tests.tiny_model import make_tiny_model
 
     return make_tiny_model(cache_dir() / "tiny-llama-f32-v1", default_model_dir)
@@ -34,7 +34,7 @@ def tiny_model_dir(default_model_dir: Path) -> Path:
 def tiny_llm(tiny_model_dir: Path):
     """One in-process vLLM engine per test session (several LLMs in one process are fragile):
     the tiny float32 model, n-gram method, num_speculative_tokens = 4, up to 4 requests at once."""
-    from adaptive_spec.engine import build_llm
+    from adaptive_spec.vllm.engine import build_llm
 
     return build_llm(
         tiny_model_dir,

@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from adaptive_spec.arms import NO_SPEC, Arm
+from adaptive_spec.core.arms import NO_SPEC, Arm
+from adaptive_spec.core.protocol import Decision, SpecPolicy, StepOutcome, StepView
 from adaptive_spec.proposers.base import (
     EMPTY,
     ProposalRequest,
@@ -39,7 +40,6 @@ from adaptive_spec.proposers.base import (
     clean_draft,
     draft_cap,
 )
-from adaptive_spec.protocol import Decision, SpecPolicy, StepOutcome, StepView
 
 VOCAB = 49152  # the tiny model's vocabulary (SmolLM2's tokenizer)
 MAX_K = 4  # the ``tiny_llm`` fixture's num_speculative_tokens

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from adaptive_spec.hf_peer import (
+from adaptive_spec.commands.bench.hf_peer import (
     greedy_identity,
     hf_generate,
     load_hf_model,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_spec.benchmarks.plan import (
+from adaptive_spec.commands.bench.plan import (
     Cell,
     check_cell,
     custom_plan,
@@ -19,7 +19,7 @@ from adaptive_spec.benchmarks.plan import (
     quick_plan,
     tune_table,
 )
-from adaptive_spec.workloads import CATEGORIES
+from adaptive_spec.commands.workloads import CATEGORIES
 
 
 @pytest.mark.parametrize(

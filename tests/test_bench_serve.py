@@ -66,7 +66,7 @@ def quick_run(tmp_path_factory):
     cmd = [
         sys.executable,
         "-m",
-        "adaptive_spec.cli",
+        "adaptive_spec.commands.cli",
         "bench",
         "serve",
         "--quick",

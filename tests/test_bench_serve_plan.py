@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from adaptive_spec.benchmarks import serve_plan as sp
-from adaptive_spec.benchmarks.serve_client import client_argv, merge_passes, per_request
-from adaptive_spec.benchmarks.serve_server import (
+from adaptive_spec.commands.bench import serve_plan as sp
+from adaptive_spec.commands.bench.serve_client import client_argv, merge_passes, per_request
+from adaptive_spec.commands.bench.serve_server import (
     ServerSettings,
     by_label,
     counters,
@@ -18,7 +18,7 @@ from adaptive_spec.benchmarks.serve_server import (
     server_command,
     server_env,
 )
-from adaptive_spec.benchmarks.serve_summary import (
+from adaptive_spec.commands.bench.serve_summary import (
     acceptance,
     goals,
     greedy_identity,
@@ -362,7 +362,7 @@ def test_tuned_table_and_goals():
 
 def test_client_argv_parses_with_vllms_own_parser(tmp_path):
     pytest.importorskip("vllm", reason="vLLM's CPU build is not installed")
-    from adaptive_spec.benchmarks.serve_client import client_namespace
+    from adaptive_spec.vllm.bench_client import client_namespace
 
     common = {
         "base_url": "http://127.0.0.1:1",
@@ -386,9 +386,9 @@ def test_client_argv_parses_with_vllms_own_parser(tmp_path):
 
 
 def test_cli_refuses_bad_flags_and_keeps_bench(capsys):
-    from adaptive_spec import bench
-    from adaptive_spec.benchmarks import serve
-    from adaptive_spec.cli import build_parser, main
+    from adaptive_spec.commands.bench import command as bench
+    from adaptive_spec.commands.bench import serve
+    from adaptive_spec.commands.cli import build_parser, main
 
     args = build_parser().parse_args(["bench", "--quick"])
     assert args.func is bench.main and args.bench_command is None

@@ -41,7 +41,7 @@ def bench_run(tiny_model_dir, tmp_path_factory):
     cmd = [
         sys.executable,
         "-m",
-        "adaptive_spec.cli",
+        "adaptive_spec.commands.cli",
         "bench",
         "--model",
         str(tiny_model_dir),
@@ -179,7 +179,7 @@ def test_goals_section_and_plots(bench_run):
 
 
 def test_markdown_export_has_every_row(bench_run):
-    """``python -m adaptive_spec.benchmarks.report bench.json``: the goals and one row per cell and
+    """``python -m adaptive_spec.commands.bench.report bench.json``: the goals and one row per cell and
     configuration, with the same figures as the JSON."""
     import subprocess
     import sys
@@ -187,7 +187,7 @@ def test_markdown_export_has_every_row(bench_run):
     _, out = bench_run
     data = json.loads((out / "bench.json").read_text())
     proc = subprocess.run(
-        [sys.executable, "-m", "adaptive_spec.benchmarks.report", str(out / "bench.json")],
+        [sys.executable, "-m", "adaptive_spec.commands.bench.report", str(out / "bench.json")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -211,7 +211,7 @@ def test_trace_of_the_evaluated_prompts(bench_run):
     the tokens of each timed ``adaptive`` run."""
     from adaptive_spec.sim.trace_io import load_replay_trace
 
-    from adaptive_spec.trace import read_trace
+    from adaptive_spec.core.trace import read_trace
 
     _, out = bench_run
     data = json.loads((out / "bench.json").read_text())

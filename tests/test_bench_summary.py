@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from adaptive_spec.bench import _merge, best_k_by_concurrency
-from adaptive_spec.benchmarks.report import cost_table_sources, markdown
-from adaptive_spec.benchmarks.summary import compute_goals, median_interval, summarize_cell
+from adaptive_spec.commands.bench.command import _merge, best_k_by_concurrency
+from adaptive_spec.commands.bench.report import cost_table_sources, markdown
+from adaptive_spec.commands.bench.summary import compute_goals, median_interval, summarize_cell
 
 
 def runs(goodputs, *, violations=0, emitted=None, steps=None, overhead=None, identity=True):
@@ -249,7 +249,7 @@ def test_nospec_beside_the_main_engine_is_paired_round_by_round():
 
 
 def test_confirmation_rounds_include_nospec_only_beside_the_main_engine():
-    from adaptive_spec.benchmarks.worker import confirm_configs
+    from adaptive_spec.commands.bench.worker import confirm_configs
 
     configs = {
         "none": {"engine": "main", "runs": runs([100] * 3)},

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from adaptive_spec.benchmarks.worker import _max_model_len, config_proposers, make_bench_policy
+from adaptive_spec.commands.bench.worker import _max_model_len, config_proposers, make_bench_policy
 
 
 @pytest.mark.parametrize(
@@ -72,8 +72,8 @@ def test_max_model_len_is_capped_by_the_model(tmp_path):
     [(1.0, "sampled", True), (0.5, "sampled", True), (0.0, "sampled", False), (1.0, "off", False)],
 )
 def test_ignore_eos_applies_to_sampled_cells_only(temperature, mode, expected):
-    from adaptive_spec.bench import ignores_eos
-    from adaptive_spec.benchmarks.plan import Cell
+    from adaptive_spec.commands.bench.command import ignores_eos
+    from adaptive_spec.commands.bench.plan import Cell
 
     cell = Cell("mixed", 16, temperature, 32, 64, ("none", "adaptive"))
     assert ignores_eos(cell, mode) is expected
@@ -88,7 +88,7 @@ def test_a_cells_ignore_eos_reaches_its_sampling_parameters(default_model_dir, t
     )
     from transformers import AutoTokenizer
 
-    from adaptive_spec.benchmarks.worker import _Cell
+    from adaptive_spec.commands.bench.worker import _Cell
 
     class _Tokenizing:  # _Cell needs only the engine's tokenizer
         def __init__(self) -> None:

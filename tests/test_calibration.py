@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from adaptive_spec import cost_tables
-from adaptive_spec.controller import AdaptiveController
-from adaptive_spec.cost_table import StepCostTable
+from adaptive_spec.core import cost_tables
+from adaptive_spec.core.controller import AdaptiveController
+from adaptive_spec.core.cost_table import StepCostTable
 from adaptive_spec.vllm.calibrate import Calibration, plan_batches, plan_tokens
 from tests.conftest import tiny_prompts
 
@@ -81,7 +81,7 @@ def test_cached_table_roundtrip_and_key_matching(tmp_path, monkeypatch):
 
 
 def test_shipped_tables_and_priors_parse():
-    from adaptive_spec.priors import shipped_prior
+    from adaptive_spec.core.priors import shipped_prior
 
     for t in cost_tables.shipped_tables():
         assert t.key.get("model") and (np.diff(t.seconds, axis=1) >= 0).all()
@@ -94,7 +94,7 @@ def test_shipped_tables_and_priors_parse():
 
 
 def test_prior_prompts_are_held_out_from_the_benchmarks_and_the_main_job():
-    from adaptive_spec.workloads import CATEGORIES, PRIOR_SKIP, load_workload
+    from adaptive_spec.commands.workloads import CATEGORIES, PRIOR_SKIP, load_workload
 
     prior = {p.source_id for p in load_workload("mixed", 48, skip=PRIOR_SKIP)}
     used = {
@@ -106,7 +106,7 @@ def test_prior_prompts_are_held_out_from_the_benchmarks_and_the_main_job():
 
 
 def test_compare_static_summary_pairs_rounds():
-    from adaptive_spec.compare_static import summarize_rounds
+    from adaptive_spec.commands.compare_static import summarize_rounds
 
     def r(i, g):
         return {"round": i, "goodput_tok_s": g, "mean_accepted_length": 1.0}
@@ -141,7 +141,7 @@ def test_compare_static_summary_pairs_rounds():
 def test_compare_static_counts_outputs_that_differ_from_the_baseline_s():
     from types import SimpleNamespace
 
-    from adaptive_spec.compare_static import diverged_requests, summarize_rounds
+    from adaptive_spec.commands.compare_static import diverged_requests, summarize_rounds
 
     def outs(*texts):
         return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=t)]) for t in texts]
@@ -293,9 +293,8 @@ def test_a_policy_without_acceptance_counts_gets_no_prior():
     """A SmartSpec-style peer has an ``acceptance(req_id)`` method, not an AcceptanceModel: the shipped
     prior is skipped for it (it once failed the peer's whole benchmark configuration with
     "'function' object has no attribute 'load_state_dict'"), and the controller still gets one."""
-    from adaptive_spec.sim.peers import SmartSpecPolicy
-
-    from adaptive_spec.priors import apply_prior, shipped_prior
+    from adaptive_spec.core.peers import SmartSpecPolicy
+    from adaptive_spec.core.priors import apply_prior, shipped_prior
 
     key = next(t.key for t in cost_tables.shipped_tables() if shipped_prior(t.key) is not None)
     peer = SmartSpecPolicy(["ngram"], 8, proposer="ngram")

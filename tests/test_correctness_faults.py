@@ -22,15 +22,15 @@ import time
 import numpy as np
 import pytest
 
-from adaptive_spec.arms import Arm
-from adaptive_spec.baselines import BatchSizeTablePolicy, StaticPolicy
-from adaptive_spec.controller import AdaptiveController
-from adaptive_spec.cost_model import StepCostModel
-from adaptive_spec.policies import make_policy
+from adaptive_spec.core.arms import Arm
+from adaptive_spec.core.baselines import BatchSizeTablePolicy, StaticPolicy
+from adaptive_spec.core.controller import AdaptiveController
+from adaptive_spec.core.cost_model import StepCostModel
+from adaptive_spec.core.policies import make_policy
+from adaptive_spec.core.protocol import RequestOutcome, RequestView, StepOutcome, StepView
+from adaptive_spec.core.state import load_policy_state, policy_state_json, save_policy_state
+from adaptive_spec.core.trace import read_trace
 from adaptive_spec.proposers import JacobiProposer, NgramProposer
-from adaptive_spec.protocol import RequestOutcome, RequestView, StepOutcome, StepView
-from adaptive_spec.state import load_policy_state, policy_state_json, save_policy_state
-from adaptive_spec.trace import read_trace
 from tests.scripted import (
     MAX_K,
     FaultyPolicy,
@@ -156,7 +156,7 @@ def test_invalid_configuration_refused(case):
     ],
 )
 def test_engine_builder_refuses_before_building(kw, name, allowed):
-    from adaptive_spec.engine import build_llm
+    from adaptive_spec.vllm.engine import build_llm
 
     with pytest.raises(ValueError) as err:
         build_llm("/nonexistent", **kw)
@@ -293,7 +293,7 @@ def test_unwritable_trace_stops_tracing_not_generation(tiny_llm, tmp_path, caplo
         path = "/dev/full"
     else:
         path = tmp_path / "trace.jsonl"
-    caplog.set_level(logging.WARNING, logger="adaptive_spec.trace")
+    caplog.set_level(logging.WARNING, logger="adaptive_spec.core.trace")
     with AdaptiveSpec(tiny_llm, ["none", "ngram", "jacobi"], policy="adaptive", trace=path) as spec:
         if kind == "mid-run":
             f = spec.tracer._f
@@ -383,7 +383,7 @@ def test_corrupt_policy_state_refused_never_half_loaded(tmp_path, caplog, kind):
     path.write_text(_corruptions(_GOOD)[kind], encoding="utf-8")
     fresh = AdaptiveController(["ngram", "jacobi"], MAX_K, seed=7)
     before = json.dumps(fresh.state_dict(), sort_keys=True)
-    caplog.set_level(logging.WARNING, logger="adaptive_spec.state")
+    caplog.set_level(logging.WARNING, logger="adaptive_spec.core.state")
     assert load_policy_state(fresh, path) is False
     assert json.dumps(fresh.state_dict(), sort_keys=True) == before, "the policy was (half-)loaded"
     assert any("refused" in r.getMessage() for r in caplog.records), caplog.text
@@ -411,7 +411,7 @@ def test_corrupt_policy_state_through_adaptive_spec(tiny_llm, tmp_path, caplog):
 
     path = tmp_path / "state.json"
     path.write_text(_corruptions(_GOOD)["nan-in-second-model"], encoding="utf-8")
-    caplog.set_level(logging.WARNING, logger="adaptive_spec.state")
+    caplog.set_level(logging.WARNING, logger="adaptive_spec.core.state")
     spec = AdaptiveSpec(tiny_llm, ["none", "ngram", "jacobi"], policy="adaptive", policy_state=path)
     try:
         assert spec.policy.n_steps == 0

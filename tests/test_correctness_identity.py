@@ -16,8 +16,8 @@ import itertools
 
 import pytest
 
-from adaptive_spec.arms import NO_SPEC, Arm
-from adaptive_spec.trace import read_trace
+from adaptive_spec.core.arms import NO_SPEC, Arm
+from adaptive_spec.core.trace import read_trace
 from tests.conftest import tiny_prompts
 from tests.scripted import (
     MAX_K,
@@ -275,7 +275,7 @@ def test_sampled_verification_at_near_zero_temperature_gives_the_greedy_tokens(
     reference) ends the comparison of that request."""
     from vllm import SamplingParams
 
-    from adaptive_spec.identity import first_divergence, top2_margin
+    from adaptive_spec.commands.identity import first_divergence, top2_margin
 
     with_logprobs = reference(tiny_llm, PROMPTS, greedy(logprobs=2))
     params = SamplingParams(temperature=NEAR_ZERO_T, max_tokens=MAX_TOKENS)

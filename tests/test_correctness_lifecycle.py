@@ -15,10 +15,10 @@ import random
 import numpy as np
 import pytest
 
-from adaptive_spec.arms import NO_SPEC, Arm
-from adaptive_spec.controller import AdaptiveController
+from adaptive_spec.core.arms import NO_SPEC, Arm
+from adaptive_spec.core.controller import AdaptiveController
+from adaptive_spec.core.protocol import RequestOutcome, RequestView, StepOutcome, StepView
 from adaptive_spec.proposers import JacobiProposer, NgramProposer, ProposalRequest
-from adaptive_spec.protocol import RequestOutcome, RequestView, StepOutcome, StepView
 from tests.scripted import (
     MAX_K,
     OracleProposer,

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from adaptive_spec.arms import Arm
+from adaptive_spec.core.arms import Arm
 from tests.scripted import (
     MAX_K,
     OracleProposer,

@@ -14,10 +14,10 @@ from collections import defaultdict
 
 import pytest
 
-from adaptive_spec.controller import AdaptiveController
-from adaptive_spec.metrics import ArmStats, SpecMetrics
-from adaptive_spec.policies import make_policy
-from adaptive_spec.trace import read_trace
+from adaptive_spec.core.controller import AdaptiveController
+from adaptive_spec.core.metrics import ArmStats, SpecMetrics
+from adaptive_spec.core.policies import make_policy
+from adaptive_spec.core.trace import read_trace
 from tests.scripted import (
     MAX_K,
     OracleProposer,
@@ -233,8 +233,8 @@ def test_controller_learns_from_committed_tokens_only():
     the committed prefix (positions past the stop are unknown, not accepted, not rejected)."""
     import numpy as np
 
-    from adaptive_spec.arms import Arm
-    from adaptive_spec.protocol import RequestOutcome, RequestView, StepOutcome, StepView
+    from adaptive_spec.core.arms import Arm
+    from adaptive_spec.core.protocol import RequestOutcome, RequestView, StepOutcome, StepView
 
     ctrl = AdaptiveController(["ngram"], MAX_K, exploration="greedy", seed=0, discount=1.0)
     draft = np.array([5, 6, 7, 8], dtype=np.int64)

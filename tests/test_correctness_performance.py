@@ -14,10 +14,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adaptive_spec.arms import NO_SPEC, Arm
-from adaptive_spec.baselines import StaticPolicy
-from adaptive_spec.controller import AdaptiveController
-from adaptive_spec.protocol import RequestOutcome, RequestView, SpecPolicy, StepOutcome, StepView
+from adaptive_spec.core.arms import NO_SPEC, Arm
+from adaptive_spec.core.baselines import StaticPolicy
+from adaptive_spec.core.controller import AdaptiveController
+from adaptive_spec.core.protocol import (
+    RequestOutcome,
+    RequestView,
+    SpecPolicy,
+    StepOutcome,
+    StepView,
+)
 
 BATCH = 256
 MAX_K = 4

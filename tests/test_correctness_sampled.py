@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from adaptive_spec.arms import NO_SPEC, Arm
+from adaptive_spec.core.arms import NO_SPEC, Arm
 from tests.scripted import MAX_K, ScriptedPolicy, fixed, generate
 
 pytestmark = pytest.mark.vllm

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from adaptive_spec.arms import NO_SPEC, Arm
+from adaptive_spec.core.arms import NO_SPEC, Arm
 from tests.conftest import tiny_prompts
 from tests.scripted import (
     MAX_K,

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from adaptive_spec.arms import Arm
-from adaptive_spec.trace import read_trace
+from adaptive_spec.core.arms import Arm
+from adaptive_spec.core.trace import read_trace
 from tests.scripted import (
     MAX_K,
     OracleProposer,

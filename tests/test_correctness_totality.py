@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adaptive_spec.arms import Arm
+from adaptive_spec.core.arms import Arm
+from adaptive_spec.core.trace import read_trace
 from adaptive_spec.proposers import JacobiProposer, NgramProposer, ProposalRequest
-from adaptive_spec.trace import read_trace
 from tests.scripted import (
     MAX_K,
     EmptyProposer,

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import isotonic_regression
 
-from adaptive_spec.cost_model import StepCostModel
-from adaptive_spec.cost_table import StepCostTable, isotonic_rows, make_monotone, prior_table
+from adaptive_spec.core.cost_model import StepCostModel
+from adaptive_spec.core.cost_table import StepCostTable, isotonic_rows, make_monotone, prior_table
 
 
 def true_cost(b: float, v: np.ndarray | float) -> np.ndarray | float:

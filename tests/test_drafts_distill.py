@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_spec import distill as D
+from adaptive_spec.commands import distill as D
 from tests.test_drafts_format import make_target
 
 
@@ -303,7 +303,7 @@ def test_distillation_raises_acceptance(tiny):
 
 
 def test_lora_training_and_roundtrip(tiny, tmp_path):
-    from adaptive_spec.lora_draft import LoraAdapter, load_lora_adapter, save_lora_adapter
+    from adaptive_spec.vllm.lora_draft import LoraAdapter, load_lora_adapter, save_lora_adapter
 
     path, model, tok = tiny
     train = D.usable(_data(model, tok, n=8, cont=24, seed=1), "train")
@@ -346,7 +346,7 @@ def test_lora_training_and_roundtrip(tiny, tmp_path):
 
 
 def test_cli_rejects_bad_options(capsys):
-    from adaptive_spec.cli import build_parser
+    from adaptive_spec.commands.cli import build_parser
 
     parser = build_parser()
     for argv, msg in (
@@ -365,8 +365,8 @@ def test_cli_rejects_bad_options(capsys):
 def test_cli_end_to_end_hf(tiny, tmp_path, capsys):
     """`adaptive-spec distill` with the transformers generator and the online teacher: data, training,
     report, stored draft and export; a second run resumes (finds the finished checkpoint)."""
-    from adaptive_spec import drafts
-    from adaptive_spec.cli import main
+    from adaptive_spec.commands.cli import main
+    from adaptive_spec.vllm import drafts
 
     path, _, _ = tiny
     prompts = tmp_path / "p.jsonl"
@@ -433,7 +433,7 @@ def test_cli_end_to_end_hf(tiny, tmp_path, capsys):
 
 
 def test_namespace_defaults_match_config():
-    from adaptive_spec.cli import build_parser
+    from adaptive_spec.commands.cli import build_parser
 
     args = build_parser().parse_args(["distill", "--out", "x"])
     assert isinstance(args, argparse.Namespace)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaptive_spec import drafts
-from adaptive_spec.distill import build_layer_cut, layer_state, load_layers, shared_hashes
+from adaptive_spec.commands.distill import build_layer_cut, layer_state, load_layers, shared_hashes
+from adaptive_spec.vllm import drafts
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
@@ -67,7 +67,7 @@ def tiny_tied(default_model_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def target_model(tiny_tied):
-    from adaptive_spec.distill import load_target
+    from adaptive_spec.commands.distill import load_target
 
     model, _ = load_target(tiny_tied, "cpu", "float32")
     return model
@@ -216,7 +216,7 @@ def test_read_spec_errors(stored, tmp_path):
 def test_assemble_cached_builds_once_and_rebuilds_corrupt(stored, tiny_tied, tmp_path):
     root = tmp_path / "cache"
     a = drafts.assemble_cached(stored, "float32", target_dir=tiny_tied, root=root)
-    from adaptive_spec.models import is_valid_model_dir
+    from adaptive_spec.vllm.models import is_valid_model_dir
 
     assert is_valid_model_dir(a, "float32")
     mtime = (a / "model.safetensors").stat().st_mtime_ns
@@ -241,7 +241,7 @@ def test_shipped_draft_is_valid_and_small():
     assert spec.measured, "the shipped draft records its measurements"
     assert set(drafts.shipped_adapters()) == {"code", "math", "chat"}
     for name, path in drafts.shipped_adapters().items():
-        from adaptive_spec.lora_draft import load_lora_adapter
+        from adaptive_spec.vllm.lora_draft import load_lora_adapter
 
         ad = load_lora_adapter(path)
         assert ad.name == name and ad.base_draft["weights_sha256"] == spec.weights_sha256
@@ -270,7 +270,7 @@ def test_shipped_draft_is_trained(default_model_dir):
     layer cut they started from (a check that the stored draft is the trained one, not a copy)."""
     from safetensors.torch import load_file
 
-    from adaptive_spec import distill
+    from adaptive_spec.commands import distill
 
     target, tok = distill.load_target(default_model_dir, "cpu")
     prompts = [

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaptive_spec.lora_draft import LORA_MODULES, LoraAdapter, save_lora_adapter
+from adaptive_spec.vllm.lora_draft import LORA_MODULES, LoraAdapter, save_lora_adapter
 
 INNER = os.environ.get("ADAPTIVE_SPEC_LORA_INNER") == "1"
 pytestmark = pytest.mark.vllm
@@ -84,7 +84,7 @@ def _generate(llm, prompts, max_tokens=40):
 def engine(tiny_model_dir):
     """The tiny target with itself as the draft model: the base draft always agrees with the target, so
     every rejection comes from an adapter."""
-    from adaptive_spec.engine import build_llm
+    from adaptive_spec.vllm.engine import build_llm
 
     return build_llm(
         tiny_model_dir,
@@ -166,7 +166,7 @@ def test_base_draft_identity_and_full_acceptance(engine, prompts, reference):
 
 @inner
 def test_mixed_adapters_identity_and_routing(engine, prompts, reference, adapters):
-    from adaptive_spec.lora_draft import LoraDraftManager
+    from adaptive_spec.vllm.lora_draft import LoraDraftManager
 
     mgr = LoraDraftManager(engine, max_rank=8)
     try:
@@ -212,7 +212,7 @@ def test_mixed_adapters_identity_and_routing(engine, prompts, reference, adapter
 
 @inner
 def test_hooks_match_dense_reference(engine, adapters):
-    from adaptive_spec.lora_draft import (
+    from adaptive_spec.vllm.lora_draft import (
         FUSED,
         LoraDraftManager,
         load_lora_adapter,
@@ -253,7 +253,7 @@ def test_hooks_match_dense_reference(engine, adapters):
 
 @inner
 def test_refusals_and_detach(engine, adapters):
-    from adaptive_spec.lora_draft import LoraDraftManager
+    from adaptive_spec.vllm.lora_draft import LoraDraftManager
 
     drafter = engine.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.drafter
     before = set(vars(drafter))
@@ -313,8 +313,8 @@ def test_adaptive_spec_lora_arms(engine, prompts, reference, adapters):
     # The safety rule also weighs measured step times against its baseline (none here): on a slow
     # machine it refused every step on which lora:code drafted (CI: 0 drafted). alpha = 0.99 leaves
     # the choice of drafter to the learner; tests/test_safety.py checks the rule itself.
-    from adaptive_spec.controller import AdaptiveController
-    from adaptive_spec.cost_table import StepCostTable
+    from adaptive_spec.core.controller import AdaptiveController
+    from adaptive_spec.core.cost_table import StepCostTable
 
     vs = [0, 1, 8, 24]
     cheap = StepCostTable.from_samples([6] * 4, vs, [0.01 + 0.0001 * v for v in vs])
@@ -347,7 +347,7 @@ def test_adaptive_spec_lora_arms(engine, prompts, reference, adapters):
 
 
 def test_manager_refuses_engine_without_draft_model():
-    from adaptive_spec.lora_draft import LoraDraftManager
+    from adaptive_spec.vllm.lora_draft import LoraDraftManager
 
     class Runner:
         drafter = None

@@ -1,10 +1,10 @@
-"""`adaptive_spec.identity.compare_greedy` on hand-built outputs: where a near-tie ends."""
+"""`adaptive_spec.commands.identity.compare_greedy` on hand-built outputs: where a near-tie ends."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from adaptive_spec.identity import compare_greedy
+from adaptive_spec.commands.identity import compare_greedy
 
 
 def _out(tokens: list[int], margins: list[float] | None = None) -> SimpleNamespace:

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from adaptive_spec.machine import cpu_isa, dtype_arg, native_bf16, resolve_dtype
+from adaptive_spec.core.machine import cpu_isa, dtype_arg, native_bf16, resolve_dtype
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,16 @@ def _run(out: Path, *extra: str) -> subprocess.CompletedProcess:
     """``adaptive-spec run --prompts 4 --max-tokens 24 --compare-static --repeats 1`` in a subprocess
     (no learned state kept)."""
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    cmd = [sys.executable, "-m", "adaptive_spec.cli", "run", "--prompts", "4", "--max-tokens", "24"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "adaptive_spec.commands.cli",
+        "run",
+        "--prompts",
+        "4",
+        "--max-tokens",
+        "24",
+    ]
     cmd += [*extra, "--compare-static", "--repeats", "1", "--no-state", "--out", str(out)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
 

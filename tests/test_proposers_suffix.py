@@ -24,14 +24,14 @@ def _req(rid: str, toks, budget: int = 100, vocab: int = 1000) -> ProposalReques
 def real_streams() -> tuple[tuple[int, ...], ...]:
     """Token ids of real prompts from the data packages: the embedded model's tokenizer when its
     converted copy is in the cache (no conversion, no download), else the prompts' UTF-8 bytes."""
-    from adaptive_spec.workloads import load_workload
+    from adaptive_spec.commands.workloads import load_workload
 
     prompts = load_workload("mixed", 12) + load_workload("agent", 4)
     encode = None
     try:
         from tokenizers import Tokenizer
 
-        from adaptive_spec.models import cache_dir
+        from adaptive_spec.core.paths import cache_dir
 
         files = sorted(cache_dir().glob("*/tokenizer.json"))
         if files:

@@ -9,7 +9,7 @@ from tests.conftest import tiny_prompts
 def test_sampling_params_of_run_survive_a_chunked_prefill_at_temperature_1(tiny_llm) -> None:
     from vllm import SamplingParams
 
-    from adaptive_spec.engine import request_seed
+    from adaptive_spec.vllm.engine import request_seed
 
     budget = tiny_llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
     prompts = tiny_prompts(3, 1500)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from adaptive_spec import cli, run
+from adaptive_spec.commands import cli, run
 
 
 @pytest.fixture

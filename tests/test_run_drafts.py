@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from adaptive_spec.lora_draft import LORA_MODULES, LoraAdapter, save_lora_adapter
-from adaptive_spec.run import resolve_drafts
+from adaptive_spec.commands.run import resolve_drafts
+from adaptive_spec.vllm.lora_draft import LORA_MODULES, LoraAdapter, save_lora_adapter
 
 
 def _args(**kw) -> argparse.Namespace:
@@ -60,7 +60,7 @@ def test_refusals_name_the_flag(kw, proposers, fragment):
 
 
 def test_arm_plot_handles_draft_and_lora_arms(tmp_path):
-    from adaptive_spec.plots import plot_arm_choices
+    from adaptive_spec.commands.plots import plot_arm_choices
 
     arms = ["none", "ngram:2", "draft:4", "lora:code:3", "lora:math:1", "jacobi:1"]
     steps = [
@@ -84,6 +84,6 @@ def test_arm_plot_handles_draft_and_lora_arms(tmp_path):
 def test_compare_static_enables_only_the_proposer_a_static_configuration_plays(policy, expected):
     """In ``--compare-static``, ``none`` and the baseline do not pay for drafting (or argmax rows of)
     proposers they never play; the adaptive controller keeps every proposer it may choose."""
-    from adaptive_spec.compare_static import static_proposers
+    from adaptive_spec.commands.compare_static import static_proposers
 
     assert static_proposers(policy, ["none", "ngram", "jacobi"]) == expected

@@ -22,10 +22,10 @@ from adaptive_spec.sim.synthetic import (
     stationary,
 )
 
-from adaptive_spec.baselines import BatchSizeTablePolicy
-from adaptive_spec.controller import AdaptiveController
-from adaptive_spec.cost_table import StepCostTable
-from adaptive_spec.safety import BaselineTracker, ConservativeGuard
+from adaptive_spec.core.baselines import BatchSizeTablePolicy
+from adaptive_spec.core.controller import AdaptiveController
+from adaptive_spec.core.cost_table import StepCostTable
+from adaptive_spec.core.safety import BaselineTracker, ConservativeGuard
 
 K = 8
 ALPHA = 0.02
@@ -407,7 +407,7 @@ def test_adapters_that_pay_stay_on_and_beat_the_baseline():
 
 
 def test_drafter_cost_rule():
-    from adaptive_spec.drafter_cost import DrafterCost
+    from adaptive_spec.core.drafter_cost import DrafterCost
 
     d = DrafterCost(weight=0.5, probe_gap=2, max_probe_gap=8)
     assert d.observe(0.1, True) == 0.0  # no plain pass seen yet: nothing to compare with

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from adaptive_spec.errors import ConfigError
-from adaptive_spec.metrics import SpecMetrics
-from adaptive_spec.policies import make_policy
+from adaptive_spec.core.errors import ConfigError
+from adaptive_spec.core.metrics import SpecMetrics
+from adaptive_spec.core.policies import make_policy
 from adaptive_spec.vllm import plugin, prom
 from adaptive_spec.vllm.plugin import ServeConfig, ServeRuntime, check_vllm_config
 
@@ -561,7 +561,7 @@ def _wait_for(cond, timeout=10.0):
 
 
 def test_runtime_saves_periodically_at_idle_and_at_close(fake_core, tmp_path):
-    from adaptive_spec.state import FORMAT
+    from adaptive_spec.core.state import FORMAT
 
     state = tmp_path / "state" / "policy.json"
     cfg = ServeConfig(state=state, save_every_steps=5, save_every_s=3600, metrics_interval_s=0.05)

@@ -22,7 +22,7 @@ from adaptive_spec.sim.synthetic import (
     stationary,
 )
 
-from adaptive_spec.controller import AdaptiveController
+from adaptive_spec.core.controller import AdaptiveController
 
 PROF = PRESETS["cpu-smollm2"]
 TABLE = profile_table(PROF, max_batch=4, max_k=8)  # what calibration would measure

@@ -18,9 +18,9 @@ from adaptive_spec.sim.counterfactual import (
 )
 from adaptive_spec.sim.requests import matched_length
 
+from adaptive_spec.core.trace import TraceWriter, read_trace
 from adaptive_spec.proposers import NgramProposer, ProposalRequest
 from adaptive_spec.proposers.base import controller_feature
-from adaptive_spec.trace import TraceWriter, read_trace
 
 
 def test_ngram_rerun_equals_proposer_on_each_prefix() -> None:
@@ -222,7 +222,7 @@ def test_record_cli_stores_rerun_drafts(tmp_path: Path) -> None:
     from adaptive_spec.sim.counterfactual import read_counterfactuals
     from adaptive_spec.sim.trace_io import load_replay_trace
 
-    from adaptive_spec.cli import main as cli_main
+    from adaptive_spec.commands.cli import main as cli_main
 
     rng = np.random.default_rng(4)
     prompt = rng.integers(3, 30, size=24)
@@ -249,7 +249,7 @@ def test_record_cli_with_a_transformers_draft_model(tmp_path: Path) -> None:
     from adaptive_spec.sim.counterfactual import read_counterfactuals
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from adaptive_spec.cli import main as cli_main
+    from adaptive_spec.commands.cli import main as cli_main
 
     torch.manual_seed(0)
     cfg = LlamaConfig(

@@ -20,9 +20,9 @@ from adaptive_spec.sim.ope import (
 )
 from adaptive_spec.sim.synthetic import CODE, make_requests, record_trace, stationary
 
-from adaptive_spec.arms import Arm
-from adaptive_spec.controller import AdaptiveController
-from adaptive_spec.trace import read_trace
+from adaptive_spec.core.arms import Arm
+from adaptive_spec.core.controller import AdaptiveController
+from adaptive_spec.core.trace import read_trace
 
 SEEDS = range(30)
 

@@ -7,14 +7,20 @@ from typing import ClassVar
 import numpy as np
 import pytest
 from adaptive_spec.sim.cost_profiles import PRESETS, LinearCostProfile
-from adaptive_spec.sim.peers import BanditSpecPolicy, SmartSpecPolicy
 from adaptive_spec.sim.policies import build_policy
 from adaptive_spec.sim.replay import replay
 from adaptive_spec.sim.synthetic import AcceptanceProcess, Regime, make_requests, stationary
 
-from adaptive_spec.arms import Arm
-from adaptive_spec.baselines import StaticPolicy
-from adaptive_spec.protocol import RequestOutcome, RequestView, SpecPolicy, StepOutcome, StepView
+from adaptive_spec.core.arms import Arm
+from adaptive_spec.core.baselines import StaticPolicy
+from adaptive_spec.core.peers import BanditSpecPolicy, SmartSpecPolicy
+from adaptive_spec.core.protocol import (
+    RequestOutcome,
+    RequestView,
+    SpecPolicy,
+    StepOutcome,
+    StepView,
+)
 
 
 def _view(rids: list[str], k: int = 8) -> StepView:

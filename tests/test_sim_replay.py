@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from adaptive_spec.sim.cost_profiles import PRESETS, LinearCostProfile, fit_linear_profile
 from adaptive_spec.sim.oracle import OraclePolicy, PerRequestStaticPolicy, oracle_bound
-from adaptive_spec.sim.peers import BanditSpecPolicy, SmartSpecPolicy
 from adaptive_spec.sim.replay import replay
 from adaptive_spec.sim.requests import ReplayRequest
 from adaptive_spec.sim.strategies import cost_profiles, workloads
@@ -27,12 +26,13 @@ from adaptive_spec.sim.trace_io import load_replay_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adaptive_spec.arms import Arm, arm_space
-from adaptive_spec.baselines import StaticPolicy
-from adaptive_spec.cli import main as cli_main
-from adaptive_spec.policies import make_policy
-from adaptive_spec.protocol import Decision, SpecPolicy, StepView
-from adaptive_spec.trace import read_trace
+from adaptive_spec.commands.cli import main as cli_main
+from adaptive_spec.core.arms import Arm, arm_space
+from adaptive_spec.core.baselines import StaticPolicy
+from adaptive_spec.core.peers import BanditSpecPolicy, SmartSpecPolicy
+from adaptive_spec.core.policies import make_policy
+from adaptive_spec.core.protocol import Decision, SpecPolicy, StepView
+from adaptive_spec.core.trace import read_trace
 
 PROPS = ["ngram", "jacobi"]
 
@@ -279,7 +279,7 @@ def test_replayed_controller_starts_from_the_shipped_prior_like_the_engine(tmp_p
     without a key leaves the generic prior; a non-learning policy is unaffected."""
     from adaptive_spec.sim.policies import build_policy
 
-    from adaptive_spec.replay import trace_prior_key
+    from adaptive_spec.commands.replay import trace_prior_key
 
     reqs = make_requests(stationary(CODE, 2, 10), 4, seed=2)
     kw = dict(requests=reqs, profile=PRESETS["cpu-smollm2"], max_batch=1)
@@ -314,7 +314,7 @@ def test_hindsight_controller_starts_with_the_whole_workloads_acceptance_counts(
     from adaptive_spec.sim.cost_profiles import profile_table
     from adaptive_spec.sim.policies import build_policy, hindsight_controller
 
-    from adaptive_spec.controller import AdaptiveController
+    from adaptive_spec.core.controller import AdaptiveController
 
     prof = PRESETS["cpu-smollm2"]
     reqs = make_requests(named_workload("code-chat").specs, 8, seed=0)
@@ -382,7 +382,7 @@ def test_computed_prefill_shares_chunks_and_caps_at_the_prompt() -> None:
     refused with the parameter named."""
     from adaptive_spec.sim.requests import computed_prefill
 
-    from adaptive_spec.trace import Trace
+    from adaptive_spec.core.trace import Trace
 
     def step(n: int, *new: str) -> dict:
         reqs = [{"req_id": r, "num_output_before": 0} for r in new]

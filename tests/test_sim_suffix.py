@@ -10,8 +10,8 @@ from adaptive_spec.sim.counterfactual import check_logged, suffix_counterfactual
 from adaptive_spec.sim.requests import matched_length
 from adaptive_spec.sim.trace_io import load_replay_trace
 
+from adaptive_spec.core.trace import TraceWriter, read_trace
 from adaptive_spec.proposers import ProposalRequest, SuffixProposer
-from adaptive_spec.trace import TraceWriter, read_trace
 
 
 def record_engine_like_trace(

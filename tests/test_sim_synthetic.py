@@ -26,8 +26,8 @@ from adaptive_spec.sim.synthetic import (
 )
 from hypothesis import given, settings
 
-from adaptive_spec.arms import Arm
-from adaptive_spec.baselines import StaticPolicy
+from adaptive_spec.core.arms import Arm
+from adaptive_spec.core.baselines import StaticPolicy
 
 PROF = PRESETS["cpu-smollm2"]
 

@@ -16,9 +16,9 @@ from adaptive_spec.sim.counterfactual import (
 from adaptive_spec.sim.requests import outputs_from_trace, requests_from_trace
 from adaptive_spec.sim.synthetic import CODE, make_requests, record_trace, stationary
 
-from adaptive_spec.arms import Arm
-from adaptive_spec.baselines import StaticPolicy
-from adaptive_spec.trace import SCHEMA, VERSION, TraceWriter, read_trace
+from adaptive_spec.core.arms import Arm
+from adaptive_spec.core.baselines import StaticPolicy
+from adaptive_spec.core.trace import SCHEMA, VERSION, TraceWriter, read_trace
 
 
 @pytest.fixture(scope="module")

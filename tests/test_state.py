@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from adaptive_spec import state
-from adaptive_spec.errors import ConfigError
-from adaptive_spec.policies import make_policy
-from adaptive_spec.state import (
+from adaptive_spec.core import state
+from adaptive_spec.core.errors import ConfigError
+from adaptive_spec.core.policies import make_policy
+from adaptive_spec.core.state import (
     StatePathError,
     StateSaveError,
     check_writable_path,
@@ -70,8 +70,8 @@ def test_kill_between_write_and_rename_keeps_the_old_state(tmp_path):
     old = path.read_bytes()
     code = (
         "import os, signal, sys\n"
-        "from adaptive_spec import state\n"
-        "from adaptive_spec.policies import make_policy\n"
+        "from adaptive_spec.core import state\n"
+        "from adaptive_spec.core.policies import make_policy\n"
         "p = make_policy('adaptive', ['none', 'ngram'], 4); p.n_steps = 8\n"
         "state.os.replace = lambda src, dst: os.kill(os.getpid(), signal.SIGKILL)\n"
         "state.save_policy_state(p, sys.argv[1])\n"

@@ -8,9 +8,9 @@ import types
 
 import pytest
 
-from adaptive_spec.arms import NO_SPEC, Arm
-from adaptive_spec.policies import make_policy
-from adaptive_spec.protocol import Decision, SpecPolicy, StepView
+from adaptive_spec.core.arms import NO_SPEC, Arm
+from adaptive_spec.core.policies import make_policy
+from adaptive_spec.core.protocol import Decision, SpecPolicy, StepView
 from tests.conftest import tiny_prompts
 
 pytestmark = pytest.mark.vllm
@@ -217,7 +217,7 @@ def test_refusals(tiny_llm, monkeypatch):
 
 
 def test_trace_written(tiny_llm, reference, tmp_path):
-    from adaptive_spec.trace import read_trace
+    from adaptive_spec.core.trace import read_trace
     from adaptive_spec.vllm import AdaptiveSpec
 
     prompts, ref = reference
@@ -320,7 +320,7 @@ def test_second_controller_is_refused_and_detach_restores_the_engine(tiny_llm, r
 
 
 def test_constructor_arguments_are_checked_naming_the_parameter(tiny_llm, tmp_path):
-    from adaptive_spec.state import StatePathError
+    from adaptive_spec.core.state import StatePathError
     from adaptive_spec.vllm import AdaptiveSpec
 
     before = _engine_methods(tiny_llm)
@@ -350,7 +350,7 @@ def test_constructor_arguments_are_checked_naming_the_parameter(tiny_llm, tmp_pa
 
 # -- policy state in process ----------------------------------------------------------------------------
 def test_refused_policy_state_is_moved_aside_never_overwritten(tiny_llm, reference, tmp_path):
-    from adaptive_spec.state import policy_state_json
+    from adaptive_spec.core.state import policy_state_json
     from adaptive_spec.vllm import AdaptiveSpec
 
     prompts, _ = reference
@@ -384,8 +384,8 @@ def test_refused_policy_state_is_moved_aside_never_overwritten(tiny_llm, referen
 def test_unwritable_policy_state_at_detach_is_reported_and_the_trace_closed(
     tiny_llm, reference, tmp_path, how
 ):
-    from adaptive_spec.state import StateSaveError
-    from adaptive_spec.trace import read_trace
+    from adaptive_spec.core.state import StateSaveError
+    from adaptive_spec.core.trace import read_trace
     from adaptive_spec.vllm import AdaptiveSpec
 
     prompts, _ = reference

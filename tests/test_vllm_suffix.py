@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from adaptive_spec.arms import NO_SPEC, Arm
-from adaptive_spec.controller import Decision, SpecPolicy, StepView
+from adaptive_spec.core.arms import NO_SPEC, Arm
+from adaptive_spec.core.controller import Decision, SpecPolicy, StepView
 from tests.conftest import tiny_prompts
 
 pytestmark = pytest.mark.vllm
@@ -54,7 +54,7 @@ def reference(tiny_llm):
 def test_static_suffix_is_lossless_and_drafts(tiny_llm, reference, tmp_path):
     from adaptive_spec.sim.counterfactual import check_logged, suffix_counterfactual
 
-    from adaptive_spec.trace import read_trace
+    from adaptive_spec.core.trace import read_trace
     from adaptive_spec.vllm import AdaptiveSpec
 
     prompts, ref = reference

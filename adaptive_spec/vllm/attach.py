@@ -37,14 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from adaptive_spec.arms import Arm, check_proposer_name
-from adaptive_spec.controller import DECISION_FEATURES
-from adaptive_spec.driver import DriverDecision, LiveRequest, StepDriver, VerifiedRequest
-from adaptive_spec.machine import engine_key
-from adaptive_spec.metrics import SpecMetrics
-from adaptive_spec.policies import make_policy
-from adaptive_spec.protocol import SpecPolicy
-from adaptive_spec.trace import TraceWriter
+from adaptive_spec.core.arms import Arm, check_proposer_name
+from adaptive_spec.core.controller import DECISION_FEATURES
+from adaptive_spec.core.driver import DriverDecision, LiveRequest, StepDriver, VerifiedRequest
+from adaptive_spec.core.machine import engine_key
+from adaptive_spec.core.metrics import SpecMetrics
+from adaptive_spec.core.policies import make_policy
+from adaptive_spec.core.protocol import SpecPolicy
+from adaptive_spec.core.trace import TraceWriter
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def _check_args(
 ) -> None:
     """Refuse arguments of the wrong kind, naming the parameter (the values are checked further once the
     engine is known: proposer names, policy and k, n-gram sizes, the state path)."""
-    from adaptive_spec.errors import invalid_value
+    from adaptive_spec.core.errors import invalid_value
 
     if isinstance(proposers, str) or not isinstance(proposers, Sequence) or not proposers:
         raise invalid_value(
@@ -179,17 +179,17 @@ class AdaptiveSpec:
         a draft-model engine) and ``lora:<name>`` (the draft model with LoRA adapter ``name`` from
         ``lora_adapters``; needs ``method="draft_model"``).
     lora_adapters : mapping, optional
-        Adapter name -> adapter directory (:func:`adaptive_spec.lora_draft.save_lora_adapter`) or
-        :class:`~adaptive_spec.lora_draft.LoraAdapter`, for the ``lora:<name>`` proposers. They are
-        installed in the engine's drafter through a :class:`~adaptive_spec.lora_draft.LoraDraftManager`
+        Adapter name -> adapter directory (:func:`adaptive_spec.vllm.lora_draft.save_lora_adapter`) or
+        :class:`~adaptive_spec.vllm.lora_draft.LoraAdapter`, for the ``lora:<name>`` proposers. They are
+        installed in the engine's drafter through a :class:`~adaptive_spec.vllm.lora_draft.LoraDraftManager`
         (Punica-style BGMV, one adapter per request in the same drafter pass). The drafter runs once per
         step, so each request's next drafts come from one of ``draft`` / ``lora:<name>``: the policy
-        picks which (:meth:`~adaptive_spec.controller.SpecPolicy.drafter_preference`).
+        picks which (:meth:`~adaptive_spec.core.controller.SpecPolicy.drafter_preference`).
     policy : str or SpecPolicy
-        A name understood by :func:`adaptive_spec.policies.make_policy` (default ``"adaptive"``) or a
+        A name understood by :func:`adaptive_spec.core.policies.make_policy` (default ``"adaptive"``) or a
         policy object.
     trace : path, optional
-        Write a JSONL step trace there (schema: :mod:`adaptive_spec.trace`).
+        Write a JSONL step trace there (schema: :mod:`adaptive_spec.core.trace`).
     policy_state : path, "auto" or None
         Load the policy's learned state from this JSON file if it exists; :meth:`detach` (and
         :meth:`save_state`) write it atomically. Checked at once: its directory must exist or be
@@ -197,7 +197,7 @@ class AdaptiveSpec:
         that is corrupt or does not fit (max_k, cell layout, policy, no proposer in common) is refused
         with a warning and moved aside to ``<file>.refused-<unix time>``, never overwritten; the
         controller starts fresh. ``"auto"`` (the default): a file in the cache directory keyed by
-        model, dtype, machine, policy and proposers (:func:`adaptive_spec.state.auto_state_path`), for
+        model, dtype, machine, policy and proposers (:func:`adaptive_spec.core.state.auto_state_path`), for
         the adaptive controller only, so learning carries over between runs (``$ADAPTIVE_SPEC_STATE_DIR``
         moves it, ``off`` disables it); ``None`` keeps nothing.
     cost_table : StepCostTable or path, optional
@@ -219,7 +219,7 @@ class AdaptiveSpec:
         next iterate) are computed.
     prior : bool
         Start the adaptive controller, when no learned state was loaded, from the acceptance prior
-        shipped for this model (:mod:`adaptive_spec.priors`; default True).
+        shipped for this model (:mod:`adaptive_spec.core.priors`; default True).
     baseline : str, optional
         The adaptive controller's safe baseline when ``policy`` is a name (``none``,
         ``static:<proposer>:<k>``, ``table:<proposer>:<s>-<e>=<k>,...``; default its own).
@@ -371,8 +371,8 @@ class AdaptiveSpec:
             except ValueError as e:
                 if str(e).startswith("seed="):
                     raise  # names its parameter already
-                from adaptive_spec.errors import invalid_value
-                from adaptive_spec.policies import POLICY_NAMES, policy_error_reason
+                from adaptive_spec.core.errors import invalid_value
+                from adaptive_spec.core.policies import POLICY_NAMES, policy_error_reason
 
                 raise invalid_value(
                     "policy",
@@ -388,7 +388,7 @@ class AdaptiveSpec:
             )
         mc = core.vllm_config.model_config
         self.engine_key = engine_key(mc.model, str(mc.dtype))
-        from adaptive_spec.state import (
+        from adaptive_spec.core.state import (
             StatePathError,
             auto_state_path,
             load_or_set_aside,
@@ -415,7 +415,7 @@ class AdaptiveSpec:
             )
         self.prior_applied = False
         if prior and not self.state_loaded and hasattr(self.policy, "acceptance"):
-            from adaptive_spec.priors import apply_prior
+            from adaptive_spec.core.priors import apply_prior
 
             self.prior_applied = apply_prior(self.policy, self.engine_key)
         self.vocab_size = int(core.vllm_config.model_config.get_vocab_size())
@@ -442,7 +442,11 @@ class AdaptiveSpec:
         self.lora = None
         used = {p.removeprefix("lora:") for p in proposers if p.startswith("lora:")}
         if used:
-            from adaptive_spec.lora_draft import LoraAdapter, LoraDraftManager, load_lora_adapter
+            from adaptive_spec.vllm.lora_draft import (
+                LoraAdapter,
+                LoraDraftManager,
+                load_lora_adapter,
+            )
 
             loaded = {
                 n: a if isinstance(a, LoraAdapter) else load_lora_adapter(a, n)
@@ -527,9 +531,9 @@ class AdaptiveSpec:
 
     def _resolve_cost_table(self, given: Any, calibrate: bool | str) -> str | None:
         """Give the policy its measured step-cost table (see ``cost_table`` / ``calibrate``)."""
-        from adaptive_spec.cost_model import StepCostModel
-        from adaptive_spec.cost_table import StepCostTable
-        from adaptive_spec.cost_tables import (
+        from adaptive_spec.core.cost_model import StepCostModel
+        from adaptive_spec.core.cost_table import StepCostTable
+        from adaptive_spec.core.cost_tables import (
             KEY_FIELDS,
             cached_table,
             save_cached_table,
@@ -833,7 +837,7 @@ class AdaptiveSpec:
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         """Detach; a failed state save is raised, or logged when the block already raised (so that it
         does not hide the block's own exception)."""
-        from adaptive_spec.state import StateSaveError
+        from adaptive_spec.core.state import StateSaveError
 
         try:
             self.detach()
@@ -1096,7 +1100,7 @@ class AdaptiveSpec:
 
     def _set_next_drafter(self, rid: str, arm: Arm, adapters_wanted: bool = True) -> None:
         """Choose the adapter of ``rid``'s next drafter pass (see ``lora_adapters``); none while the
-        policy wants no adapter applied (:meth:`~adaptive_spec.protocol.SpecPolicy.drafter_adapters_wanted`)."""
+        policy wants no adapter applied (:meth:`~adaptive_spec.core.protocol.SpecPolicy.drafter_adapters_wanted`)."""
         if not adapters_wanted:
             self.lora.set_request_adapter(rid, None)
             return
@@ -1119,7 +1123,7 @@ class AdaptiveSpec:
         drafts verified without it (``sampled_verify_steps``), where the policy's step-cost table
         came from (``cost_table_source``, None for a policy that prices no steps) and (for the adaptive
         controller) the safety rule's standing against its baseline. Definitions:
-        :mod:`adaptive_spec.metrics`."""
+        :mod:`adaptive_spec.core.metrics`."""
         d = self.metrics.as_dict()
         d["policy"] = self.policy.name
         d["cost_table_source"] = self.cost_table_source
@@ -1137,7 +1141,7 @@ class AdaptiveSpec:
         return d
 
     def save_state(self, path: str | Path | None = None) -> Path | None:
-        """Write the policy's learned state atomically (see :mod:`adaptive_spec.state`) to ``path``, by
+        """Write the policy's learned state atomically (see :mod:`adaptive_spec.core.state`) to ``path``, by
         default ``policy_state``; returns the path written, or None without one.
 
         Raises
@@ -1146,7 +1150,7 @@ class AdaptiveSpec:
             When it cannot be written (an ``OSError`` naming the path and the fix); the file already
             there, if any, is left as it was.
         """
-        from adaptive_spec.state import save_policy_state
+        from adaptive_spec.core.state import save_policy_state
 
         target = Path(path) if path is not None else self.policy_state_path
         if target is None:
@@ -1159,7 +1163,7 @@ def _read_table(path: Any) -> Any:
     """A cost table from a JSON file (``adaptive-spec calibrate --out``)."""
     import json
 
-    from adaptive_spec.cost_table import StepCostTable
+    from adaptive_spec.core.cost_table import StepCostTable
 
     p = Path(path)
     try:

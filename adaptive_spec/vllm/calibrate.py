@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from adaptive_spec.cost_table import StepCostTable
+from adaptive_spec.core.cost_table import StepCostTable
 
 logger = logging.getLogger(__name__)
 

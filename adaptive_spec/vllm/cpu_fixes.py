@@ -93,7 +93,7 @@ def guard_kernel_override_scan() -> bool:
     llvmlite's ``binding.ffi.lib`` answers every attribute lookup, ``__dict__`` included, with a
     function wrapper, so once Numba (hence llvmlite) is loaded the scan fails with
     ``'_lib_fn_wrapper' object has no attribute 'get'`` and the engine does not start. The adaptive
-    controller's per-step kernels are compiled with Numba (:mod:`adaptive_spec.controller_kernels`),
+    controller's per-step kernels are compiled with Numba (:mod:`adaptive_spec.core.controller_kernels`),
     so Numba is usually loaded before an engine is built. The guard hides that one attribute from the
     scan while it runs and puts it back; the overrides vLLM registers are unchanged. Returns True if
     the guard is in place (False where vLLM has no such scan)."""

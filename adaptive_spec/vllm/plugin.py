@@ -22,7 +22,7 @@ refused at attach time with a clear error.
 Persistence: every ``save_every_steps`` engine steps or ``save_every_s`` seconds (whichever first; checked
 after each step) the engine thread serialises the policy state to a JSON string (tens of microseconds for
 the default controller) and hands it to a background thread, which writes it atomically
-(:func:`adaptive_spec.state.write_policy_state`). A final save happens at shutdown, after the background
+(:func:`adaptive_spec.core.state.write_policy_state`). A final save happens at shutdown, after the background
 thread has finished; under vLLM's default ``--shutdown-timeout 0`` the API server is made to wait for it
 (:func:`_patch_shutdown_grace`). Stale temporary files of a killed save are removed at start. A state
 file that is corrupt or does not fit (other proposers, ``max_k``, policy) is refused with a log line,
@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from adaptive_spec.errors import ConfigError, invalid_value
+from adaptive_spec.core.errors import ConfigError, invalid_value
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ ENV_FIELDS = {
 }
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
-#: What each field allows, in words (the policy's list comes from adaptive_spec.policies).
+#: What each field allows, in words (the policy's list comes from adaptive_spec.core.policies).
 _ALLOWED = {
     "proposers": "a non-empty comma-separated list of none, ngram, jacobi, suffix, draft, lora:<adapter>",
     "state": "a file path (empty: no state file)",
@@ -141,7 +141,7 @@ class ServeConfig:
     proposers : tuple of str
         Arms' proposers (``none``, ``ngram``, ``jacobi``, ``suffix``, ``draft``), as for ``AdaptiveSpec``.
     policy : str
-        A policy name for :func:`adaptive_spec.policies.make_policy` (its k are checked against the
+        A policy name for :func:`adaptive_spec.core.policies.make_policy` (its k are checked against the
         engine's ``num_speculative_tokens`` by :func:`check_vllm_config`).
     state : Path, optional
         Policy-state file: loaded at start if present, saved periodically and at shutdown.
@@ -152,7 +152,7 @@ class ServeConfig:
     metrics_interval_s : float > 0
         Seconds between metrics snapshots (the freshness of ``/metrics``).
     trace : Path, optional
-        JSONL step trace (:mod:`adaptive_spec.trace`).
+        JSONL step trace (:mod:`adaptive_spec.core.trace`).
     seed : int
         Seeds the policy.
     ngram_min, ngram_max : int >= 1
@@ -220,7 +220,7 @@ class ServeConfig:
         StatePathError
             A :class:`ConfigError` naming the variable (or key) and the path.
         """
-        from adaptive_spec.state import StatePathError, check_writable_path, prepare_state_path
+        from adaptive_spec.core.state import StatePathError, check_writable_path, prepare_state_path
 
         for name, check in (("state", prepare_state_path), ("trace", check_writable_path)):
             path = getattr(self, name)
@@ -292,7 +292,7 @@ class ServeConfig:
 
 def _allowed(name: str) -> str:
     if name == "policy":
-        from adaptive_spec.policies import POLICY_NAMES
+        from adaptive_spec.core.policies import POLICY_NAMES
 
         return ", ".join(POLICY_NAMES)
     return _ALLOWED[name]
@@ -389,7 +389,7 @@ def _check_field(name: str, v: Any, proposers: Any) -> None:
         if not _VALID[name](v):
             raise _Invalid()
     elif name == "proposers":
-        from adaptive_spec.arms import check_proposer_name
+        from adaptive_spec.core.arms import check_proposer_name
 
         if isinstance(v, str) or not isinstance(v, (tuple, list)) or not v:
             raise _Invalid("an empty list" if not v else None)
@@ -399,7 +399,7 @@ def _check_field(name: str, v: Any, proposers: Any) -> None:
             except ValueError:
                 raise _Invalid(f"proposer {p!r} is not known") from None
     elif name == "policy":
-        from adaptive_spec.policies import check_policy_name, policy_error_reason
+        from adaptive_spec.core.policies import check_policy_name, policy_error_reason
 
         if not isinstance(v, str) or not v:
             raise _Invalid()
@@ -455,7 +455,7 @@ class ServeRuntime:
             ngram_max=config.ngram_max,
             policy_state=None,  # the runtime saves and loads the state itself (periodically)
         )
-        from adaptive_spec.controller import AdaptiveController
+        from adaptive_spec.core.controller import AdaptiveController
 
         if isinstance(self.spec.policy, AdaptiveController):
             # A server's queue empties between arrivals and every request's latency counts: per-step
@@ -466,7 +466,7 @@ class ServeRuntime:
         if self.state_path is None:
             # No ADAPTIVE_SPEC_STATE: the automatic state in the cache directory, as in process
             # (ADAPTIVE_SPEC_STATE_DIR moves it; "off" disables it).
-            from adaptive_spec.state import auto_state_path
+            from adaptive_spec.core.state import auto_state_path
 
             self.state_path = auto_state_path(
                 self.spec.policy, self.spec.engine_key, self.spec.proposer_names
@@ -520,8 +520,8 @@ class ServeRuntime:
     # -- state --------------------------------------------------------------------------------
     def _load_state(self) -> bool:
         """Check the state path (writable; stale temporary files removed), then load the state file if
-        there is one; a refused file is moved aside (:func:`adaptive_spec.state.load_or_set_aside`)."""
-        from adaptive_spec.state import load_or_set_aside, prepare_state_path
+        there is one; a refused file is moved aside (:func:`adaptive_spec.core.state.load_or_set_aside`)."""
+        from adaptive_spec.core.state import load_or_set_aside, prepare_state_path
 
         path = self.state_path
         if path is None:
@@ -570,7 +570,7 @@ class ServeRuntime:
             self.spec._fault("serve runtime", e)
 
     def _queue_save(self, now: float) -> None:
-        from adaptive_spec.state import policy_state_json
+        from adaptive_spec.core.state import policy_state_json
 
         t0 = time.perf_counter()
         data = policy_state_json(self.spec.policy)
@@ -582,7 +582,7 @@ class ServeRuntime:
 
     def _write_state(self, data: str, seq: int) -> None:
         """Writer thread (and :meth:`close`): write if newer than what is on disk."""
-        from adaptive_spec.state import write_policy_state
+        from adaptive_spec.core.state import write_policy_state
 
         assert self.state_path is not None
         with self._state_lock:
@@ -610,7 +610,7 @@ class ServeRuntime:
         """Serialise and write the state synchronously on the calling thread (the engine's thread)."""
         if self.state_path is None:
             return
-        from adaptive_spec.state import policy_state_json
+        from adaptive_spec.core.state import policy_state_json
 
         self._seq += 1
         self._write_state(policy_state_json(self.spec.policy), self._seq)
@@ -812,7 +812,7 @@ def check_vllm_config(vllm_config: Any, config: ServeConfig) -> None:
         another process), async scheduling, ``draft`` without a draft model, or a policy whose k exceeds
         ``num_speculative_tokens``; one line naming the flag or variable and the fix.
     """
-    from adaptive_spec.policies import make_policy
+    from adaptive_spec.core.policies import make_policy
     from adaptive_spec.vllm.attach import DRAFT_METHODS, ENGINE_METHODS
 
     spec = getattr(vllm_config, "speculative_config", None)
@@ -863,7 +863,7 @@ def check_vllm_config(vllm_config: Any, config: ServeConfig) -> None:
         raise ConfigError(
             "adaptive-spec does not support async scheduling; fix: pass --no-async-scheduling"
         )
-    from adaptive_spec.policies import policy_error_reason
+    from adaptive_spec.core.policies import policy_error_reason
 
     max_k = int(spec.num_speculative_tokens)
     try:

@@ -81,7 +81,7 @@ def metrics_snapshot(
 
     Parameters
     ----------
-    metrics : adaptive_spec.metrics.SpecMetrics
+    metrics : adaptive_spec.core.metrics.SpecMetrics
         The controller's counters (``AdaptiveSpec.metrics``).
     engine : int
         vLLM's engine index (data-parallel rank), the ``engine`` label.
