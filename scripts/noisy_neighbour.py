@@ -6,7 +6,7 @@
 What a shared host does to a run: ``--procs`` busy processes (pure-Python loops, one core each) start
 the moment a line of the command's output contains ``--when`` and stop ``--seconds`` later. The
 command's output is passed through; the exit status is the command's. Used to check that the
-controller's decisions survive a noisy start (``docs/main-job.md``).
+controller's decisions survive a noisy start (``docs/results.md``, "The main job").
 """
 
 from __future__ import annotations
