@@ -43,7 +43,9 @@ def add_counts(
 
 
 @njit(cache=True)
-def posterior_mean(acc: np.ndarray, tri: np.ndarray, prior_a: np.ndarray, prior_b: np.ndarray):
+def posterior_mean(
+    acc: np.ndarray, tri: np.ndarray, prior_a: np.ndarray, prior_b: np.ndarray
+) -> np.ndarray:
     """Beta posterior mean of every cell and position, ``(acc + prior_a) / (tri + prior_a +
     prior_b)``: float64 [cells, K] from four C-contiguous float64 arrays of one shape whose last
     axis is K (:meth:`adaptive_spec.core.acceptance.AcceptanceModel.table`)."""
@@ -56,7 +58,9 @@ def posterior_mean(acc: np.ndarray, tri: np.ndarray, prior_a: np.ndarray, prior_
 
 
 @njit(cache=True)
-def learn(rows: np.ndarray, lens: np.ndarray, tok: np.ndarray, dec: Decided, lrn: Learning):
+def learn(
+    rows: np.ndarray, lens: np.ndarray, tok: np.ndarray, dec: Decided, lrn: Learning
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Score every offered draft of the decided rows against the tokens the target committed, and
     learn from it (in place, only when something was judged): the acceptance counts
     (:func:`add_counts`) and each request's moving average of its per-position acceptance rate per

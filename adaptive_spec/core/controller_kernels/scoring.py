@@ -16,7 +16,7 @@ from .tracking import differs
 
 
 @njit(cache=True)
-def score(offers: Offers, layout: CellLayout, table: np.ndarray, lam: float):
+def score(offers: Offers, layout: CellLayout, table: np.ndarray, lam: float) -> tuple[Scored, int]:
     """Per request: every proposer's offered draft, its acceptance cell, its gains, and the proposer
     chosen by ``max_c E[tokens](c) - lam * c``.
 
@@ -114,7 +114,9 @@ def score_into(
 
 
 @njit(cache=True)
-def allocate(g: np.ndarray, v_max: int, t_curve: np.ndarray):
+def allocate(
+    g: np.ndarray, v_max: int, t_curve: np.ndarray
+) -> tuple[np.ndarray, int, float, float]:
     """The draft tokens of the batch that maximise predicted goodput ``(N + sum of the V best gains)
     / t(V)``, as a k per request, and the marginal value of a draft token there.
 
@@ -126,7 +128,9 @@ def allocate(g: np.ndarray, v_max: int, t_curve: np.ndarray):
 
 
 @njit(cache=True)
-def allocate_base(g: np.ndarray, v_max: int, t_curve: np.ndarray, base: float):
+def allocate_base(
+    g: np.ndarray, v_max: int, t_curve: np.ndarray, base: float
+) -> tuple[np.ndarray, int, float, float]:
     """:func:`allocate` with ``base`` in place of ``N``: the tokens the step commits without drafts
     that the objective counts (:func:`drain_gains`)."""
     N, K = g.shape
@@ -185,7 +189,7 @@ def guard_terms(
     kb: np.ndarray,
     choice: np.ndarray,
     bp: int,
-):
+) -> tuple[bool, float, float, float]:
     """What the safety rule weighs for one decision: whether it equals the baseline's, the expected
     tokens of both and the variance of the decision's.
 
@@ -212,7 +216,9 @@ def guard_terms(
 
 
 @njit(cache=True)
-def mixed_curve(curve_g: np.ndarray, curve_s: np.ndarray, sampled: float, load: float, n: int):
+def mixed_curve(
+    curve_g: np.ndarray, curve_s: np.ndarray, sampled: float, load: float, n: int
+) -> np.ndarray:
     """``load * ((1 - sampled) * curve_g + sampled * curve_s)`` over V = 0..n-1 (the greedy part alone
     when ``sampled <= 0``, the sampled part alone when ``sampled >= 1``), as
     :meth:`adaptive_spec.core.cost_model.StepCostModel.curve` computes it: float64 [n], seconds."""

@@ -111,7 +111,7 @@ def decide_step(
     kbase: int,
     bp: int,
     buf: StepArrays,
-):
+) -> tuple[int, int, float, int, bool, float, float, float, float, float, int]:
     """One decision's arithmetic in one call: :func:`~.scoring.score`, :func:`~.scoring.allocate`
     over the step-cost curve, the baseline's k per request and :func:`~.scoring.guard_terms`.
 
@@ -235,7 +235,7 @@ def observe_step(
     lrn: Learning,
     tracked: Tracked,
     n_p: int,
-):
+) -> tuple[int, int]:
     """One observation's arithmetic in one call: the decision's baseline drafts registered with the
     safety tracker (:func:`~.tracking.register_baseline` for decision number ``step``, with ``bp`` and
     ``all_same`` as it takes them; capacity for ``N`` more pending rows checked by the caller),

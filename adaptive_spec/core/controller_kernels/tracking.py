@@ -50,7 +50,9 @@ def tracker_add(
 
 
 @njit(cache=True)
-def register_baseline(pending: Pending, n_p: int, step: int, dec: Decided, bp: int, all_same: bool):
+def register_baseline(
+    pending: Pending, n_p: int, step: int, dec: Decided, bp: int, all_same: bool
+) -> tuple[int, int, np.ndarray]:
     """The rows whose played arm differs from the baseline's (none when ``all_same``: the decision is
     the baseline's), and their baseline drafts appended to the pending rows (:func:`tracker_add`;
     capacity for ``N`` more rows checked by the caller). ``dec``: the decision (its ``drafts`` of
@@ -73,7 +75,9 @@ def register_baseline(pending: Pending, n_p: int, step: int, dec: Decided, bp: i
 
 
 @njit(cache=True)
-def tracker_commit(committed: Committed, slots: np.ndarray, lens: np.ndarray, flat: np.ndarray):
+def tracker_commit(
+    committed: Committed, slots: np.ndarray, lens: np.ndarray, flat: np.ndarray
+) -> None:
     """Append ``lens[i]`` committed tokens of ``flat`` (in order) to each slot's ring (in place):
     ``slots`` / ``lens`` int64 [n], ``flat`` int64 [sum(lens)]."""
     ring, length = committed
@@ -89,7 +93,9 @@ def tracker_commit(committed: Committed, slots: np.ndarray, lens: np.ndarray, fl
 
 
 @njit(cache=True)
-def tracker_resolve(committed: Committed, pending: Pending, n_p: int, finished: np.ndarray):
+def tracker_resolve(
+    committed: Committed, pending: Pending, n_p: int, finished: np.ndarray
+) -> tuple[int, np.ndarray, np.ndarray]:
     """Resolve the first ``n_p`` pending baseline drafts that the committed tokens decide (at the
     first mismatch, once ``k + 1`` tokens are known, or when the request finished; ``finished``:
     bool [slots] or empty), and compact the rest in place. Returns ``(new count, steps, emitted)``:
@@ -181,7 +187,7 @@ def records_resolve(records: Records, steps: np.ndarray, emitted: np.ndarray) ->
 
 
 @njit(cache=True)
-def records_complete(records: Records, resolved: np.ndarray):
+def records_complete(records: Records, resolved: np.ndarray) -> np.ndarray:
     """Close the records whose drafts are all resolved and whose times are known, oldest first:
     each is counted into ``resolved`` (:func:`guard_add_resolved`) and its row freed (its values
     stay readable until reused). Returns the closed decisions, int64."""
