@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from adaptive_spec.core import controller_kernels as kern
 from adaptive_spec.core.arms import NO_SPEC, Arm, arm_space
 from adaptive_spec.core.controller import AdaptiveController
 from adaptive_spec.core.cost_table import StepCostTable
@@ -149,6 +150,17 @@ def test_budget_caps_k():
     assert dec.arms[0].k <= 2 and dec.arms[1].k == 0
 
 
+def _allocate(
+    ctrl: AdaptiveController, g: np.ndarray, batch_size: int, N: int, sampled: float = 0.0
+) -> tuple[np.ndarray, float, np.ndarray, int]:
+    """The controller's allocation of draft tokens over its cost model's curve
+    (:func:`adaptive_spec.core.controller_kernels.allocate`): ``(ks, lambda, t_curve, v_max)``."""
+    v_max = int(np.isfinite(g).sum())
+    t_curve = ctrl.cost.curve(max(batch_size, N), v_max, sampled)
+    ks, _, lam, _ = kern.allocate(np.ascontiguousarray(g, dtype=np.float64), v_max, t_curve)
+    return ks, lam, t_curve, v_max
+
+
 def _goodput(gains: np.ndarray, t: np.ndarray, V: int) -> float:
     flat = np.sort(gains[np.isfinite(gains)])[::-1]
     return (gains.shape[0] + flat[:V].sum()) / t[V]
@@ -175,7 +187,7 @@ def test_allocation_schedules_no_token_worth_less_than_its_time(n, k, seed, fixe
     t = 0.02 + fixed * (vs > 0) + per_token * vs + noise
     table = StepCostTable.from_samples([n] * vs.size, vs, t, token_grid=vs, batch_grid=[1, n + 1])
     ctrl = AdaptiveController(["ngram"], k, cost_table=table)
-    ks, _, t_curve, v_max = ctrl._allocate(gains, n, n)
+    ks, _, t_curve, v_max = _allocate(ctrl, gains, n, n)
     V = int(ks.sum())
     assert (ks <= np.maximum(avail, 0)).all()
     best = max(_goodput(gains, t_curve, v) for v in range(v_max + 1))
@@ -196,9 +208,9 @@ def test_allocation_skips_drafts_that_do_not_pay_the_fixed_cost():
     table = StepCostTable.from_samples([4] * vs.size, vs, 0.024 + 0.001 * (vs > 0) + 0.00035 * vs)
     ctrl = AdaptiveController(["ngram"], 4, cost_table=table)
     low = np.cumprod(np.full((4, 4), 0.05), axis=1)
-    assert (ctrl._allocate(low, 4, 4)[0] == 0).all()
+    assert (_allocate(ctrl, low, 4, 4)[0] == 0).all()
     high = np.cumprod(np.full((4, 4), 0.7), axis=1)
-    assert (ctrl._allocate(high, 4, 4)[0] > 0).all()
+    assert (_allocate(ctrl, high, 4, 4)[0] > 0).all()
 
 
 def test_state_roundtrip_and_refusals(tmp_path):
@@ -291,12 +303,12 @@ def test_sampled_requests_are_priced_with_the_sampled_part():
     table = StepCostTable(greedy.batch_sizes, greedy.draft_tokens, greedy.seconds, sampled=part)
     g = np.cumprod(np.full((4, 4), 0.4), axis=1)
     ctrl = AdaptiveController(["ngram"], 4, cost_table=table, exploration="greedy", baseline="none")
-    assert ctrl._allocate(g, 4, 4, 0.0)[0].sum() > 0
-    assert ctrl._allocate(g, 4, 4, 1.0)[0].sum() == 0
+    assert _allocate(ctrl, g, 4, 4, 0.0)[0].sum() > 0
+    assert _allocate(ctrl, g, 4, 4, 1.0)[0].sum() == 0
     # decide prices the step by its share of sampled requests (here 2 of 4)
     views = [RequestView(f"r{i}", 5, 100, float(i % 2), {"ngram": np.arange(4)}) for i in range(4)]
     ctrl.decide(StepView(views, 4))
-    assert ctrl._pending["sampled"] == 0.5
+    assert ctrl._pending.sampled == 0.5
 
 
 def _shadowed_share(ctrl: AdaptiveController, steps: int = 64, batch: int = 4) -> float:
@@ -356,7 +368,6 @@ def test_fused_decision_kernel_equals_its_parts(
     with speculation priced at ``1 + premium`` times its cost, over the draining batch's gains when
     ``margin`` >= 0) and the safety rule's terms give one after another; the predicted times are the
     curve's."""
-    from adaptive_spec.core import controller_kernels as kern
     from adaptive_spec.core.acceptance import N_HIST, N_MATCH, N_TEMP
     from adaptive_spec.core.cost_table import prior_table
 
@@ -395,15 +406,15 @@ def test_fused_decision_kernel_equals_its_parts(
     buf.ensure(n)
     buf.ints[:] = -7  # stale contents of an earlier step must not leak into this one
     buf.g[:] = 3.0
+    layout = kern.CellLayout(ctrl._match_lut, N_TEMP, N_HIST, N_MATCH)
     got = kern.decide_step(
-        parts, ints, slots, hist_b, ctrl._match_lut, given, np.stack([acc, tri, prior_a, prior_b]),
-        lam, p, k, N_TEMP, N_HIST, N_MATCH, cg, cs, mix, ctrl.cost.load, kbase, bp, length,
-        premium, margin, buf.drafts, buf.alpha, buf.g, buf.ints,
+        kern.Batch(parts, ints, slots), hist_b, length, layout, given,
+        np.stack([acc, tri, prior_a, prior_b]), lam,
+        kern.Objective(cg, cs, mix, ctrl.cost.load, premium, margin), kbase, bp, buf.arrays,
     )  # fmt: skip
-    drafts, avail, match, cells, alpha, gains, choice, g, v_max = kern.score(
-        parts, dlen, mlen, cap, temp, hist_b[slots], ctrl._match_lut, alpha_table, lam, p, k,
-        N_TEMP, N_HIST, N_MATCH,
-    )  # fmt: skip
+    offers = kern.Offers(parts, dlen, mlen, cap, temp, hist_b[slots])
+    scored, v_max = kern.score(offers, layout, alpha_table, lam)
+    drafts, avail, match, cells, alpha, gains, choice, g = scored
     t_curve = ctrl.cost.curve(B, v_max, sampled)
     t_alloc = t_curve[0] + (1.0 + premium) * (t_curve - t_curve[0])
     if margin >= 0:
@@ -445,7 +456,6 @@ def test_fused_observation_kernel_equals_its_parts(n, k, seed):
     """``observe_step`` (one call per observation) changes the counts, histories and the safety
     tracker exactly as registering the decision's baseline drafts, learning, committing and
     resolving one after another."""
-    from adaptive_spec.core import controller_kernels as kern
     from adaptive_spec.core.safety import BaselineTracker
 
     rng = np.random.default_rng(seed)
@@ -491,17 +501,17 @@ def test_fused_observation_kernel_equals_its_parts(n, k, seed):
     bi[:n, buf.c_kb], bi[:n, buf.c_played], bi[:n, buf.c_ks] = kb, choice, ks
     bi[:n, buf.c_pos], bi[:n, buf.c_slots] = pos, slots
     out = kern.observe_step(
-        ints, rows.size, fin.size, n, buf.drafts, buf.ints, buf.learned, bp, all_same,
-        n, counts, 0.99, hr, hn, hb, 0.3, 0.2, 0.6, tr.ring, tr.length, *tr._pending_arrays(),
-        tr.n_pending, tr.rec, tr.rec_step, tr.rec_bounds, resolved, base_time, run_tokens,
-        run_time,
+        kern.Observation(ints, rows.size, fin.size, base_time, run_tokens, run_time), n, n, bp,
+        all_same, buf.arrays, kern.Learning(acc, tri, 0.99, hr, hn, hb, 0.3, 0.2, 0.6),
+        tr.tracked(resolved), tr.n_pending,
     )  # fmt: skip
     acc2, tri2, hr2, hn2, hb2, tr2 = state()
     for i in range(n):
         tr2.set_step_times(i, 0.02 * (i + 1), 1.0, 0.02)
-    same = tr2.register(n, slots, pos, drafts, ks, kb, choice, bp, all_same)
-    want = kern.learn(rows, lens, tok, drafts, avail, cells, slots, acc2, tri2, 0.99, hr2, hn2, hb2,
-                      0.3, 0.2, 0.6)  # fmt: skip
+    decided = kern.Decided(drafts, avail, cells, choice, ks, kb, pos, slots)
+    same = tr2.register(n, decided, bp, all_same)
+    learning = kern.Learning(acc2, tri2, 0.99, hr2, hn2, hb2, 0.3, 0.2, 0.6)
+    want = kern.learn(rows, lens, tok, decided, learning)
     tr2.commit_flat(slots[rows], lens, tok)
     f = np.zeros(tr2.ring.shape[0], dtype=bool)
     f[slots[fin]] = True
@@ -515,7 +525,7 @@ def test_fused_observation_kernel_equals_its_parts(n, k, seed):
     for a, b in zip(buf.learned[:, : out[0]], want, strict=True):
         np.testing.assert_array_equal(a, b)
     assert out[1] == tr2.n_pending
-    for a, b in zip(tr._pending_arrays(), tr2._pending_arrays(), strict=True):
+    for a, b in zip(tr.pending_drafts, tr2.pending_drafts, strict=True):
         np.testing.assert_array_equal(a[: tr2.n_pending], b[: tr2.n_pending])
     np.testing.assert_array_equal(resolved, resolved2)
     for i in range(n + 1):
@@ -641,7 +651,6 @@ def test_jacobi_full_shadow_rate_needs_accepted_tokens_not_plays():
 
 
 def test_drain_gains_keep_only_the_requests_near_the_largest_budget():
-    from adaptive_spec.core import controller_kernels as kern
 
     g = np.array([[0.9, 0.5], [0.8, 0.4], [0.7, -np.inf], [0.6, 0.3]])
     cap = np.array([40, 38, 37, 10], dtype=np.int64)

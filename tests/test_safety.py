@@ -220,7 +220,7 @@ def test_every_committed_token_reaches_the_baseline_tracker():
 
         def decide(self, view):
             for r in view.requests:  # requests the tracker follows already: in step with the engine
-                s = self._slot.get(r.req_id)
+                s = self.slots.index.get(r.req_id)
                 if s is not None:
                     self.checked += 1
                     self.mismatches += int(self.tracker.length[s] != r.num_output_tokens)

@@ -53,9 +53,33 @@ PRIOR_LATER = 0.6
 PRIOR_STRENGTH = 2.0
 
 
+def _counts_part(index: int, doc: str) -> property:
+    """One of an :class:`AcceptanceModel`'s four count arrays, a view of its ``_counts``
+    (assigning one copies into it)."""
+
+    def get(self: AcceptanceModel) -> np.ndarray:
+        return self._counts[index]
+
+    def put(self: AcceptanceModel, value: np.ndarray | float) -> None:
+        self._counts[index] = value
+
+    return property(get, put, doc=doc)
+
+
 def match_thresholds(proposer: str) -> tuple[int, int, int]:
     """Match-feature thresholds of ``proposer`` (draft-model proposers have no match feature)."""
     return MATCH_THRESHOLDS.get(proposer, DEFAULT_MATCH_THRESHOLDS)
+
+
+def match_bucket_table(proposers: Sequence[str]) -> np.ndarray:
+    """Match bucket of every proposer and match feature 0..63 (the number of the proposer's
+    thresholds at or below the feature, at most ``N_MATCH - 1``): int64 [len(proposers), 64], so
+    that bucketing a step's features is one lookup."""
+    thresholds = np.array([match_thresholds(p) for p in proposers]).reshape(len(proposers), 3)
+    feat = np.arange(64)
+    return np.minimum(
+        (feat[None, :, None] >= thresholds[:, None, :]).sum(axis=2), N_MATCH - 1
+    ).astype(np.int64)
 
 
 def history_bucket(rate: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -140,41 +164,14 @@ class AcceptanceModel:
             v = self._counts4 = self._counts.reshape(4, self._ncells, self.max_k)
         return v
 
-    @property
-    def acc(self) -> np.ndarray:
-        """Discounted accepted counts, float64 [P, N_TEMP, N_HIST, N_MATCH, max_k]."""
-        return self._counts[0]
-
-    @acc.setter
-    def acc(self, value: np.ndarray | float) -> None:
-        self._counts[0] = value
-
-    @property
-    def tri(self) -> np.ndarray:
-        """Discounted trials (judged positions), float64, the shape of :attr:`acc`."""
-        return self._counts[1]
-
-    @tri.setter
-    def tri(self, value: np.ndarray | float) -> None:
-        self._counts[1] = value
-
-    @property
-    def prior_a(self) -> np.ndarray:
-        """Beta prior pseudo-acceptances, float64, the shape of :attr:`acc`."""
-        return self._counts[2]
-
-    @prior_a.setter
-    def prior_a(self, value: np.ndarray | float) -> None:
-        self._counts[2] = value
-
-    @property
-    def prior_b(self) -> np.ndarray:
-        """Beta prior pseudo-rejections, float64, the shape of :attr:`acc`."""
-        return self._counts[3]
-
-    @prior_b.setter
-    def prior_b(self, value: np.ndarray | float) -> None:
-        self._counts[3] = value
+    acc = _counts_part(
+        0, "Discounted accepted counts, float64 [P, N_TEMP, N_HIST, N_MATCH, max_k]."
+    )
+    tri = _counts_part(
+        1, "Discounted trials (judged positions), float64, the shape of :attr:`acc`."
+    )
+    prior_a = _counts_part(2, "Beta prior pseudo-acceptances, float64, the shape of :attr:`acc`.")
+    prior_b = _counts_part(3, "Beta prior pseudo-rejections, float64, the shape of :attr:`acc`.")
 
     # -- indexing ---------------------------------------------------------------------------------
     def cell(self, p: np.ndarray, t: np.ndarray, h: np.ndarray, m: np.ndarray) -> np.ndarray:

@@ -6,10 +6,13 @@
   ``[[start, end, k], ...]`` from batch size to k for one proposer, per step.
 
 :func:`default_baseline` is the adaptive controller's safe baseline: an n-gram batch-size table
-(:data:`DEFAULT_NGRAM_TABLE`, measured on the embedded default, ``docs/benchmarks.md``).
+(:data:`DEFAULT_NGRAM_TABLE`, measured on the embedded default, ``docs/benchmarks.md``). The
+controller plays a baseline as a :class:`BaselineRule` (:func:`baseline_rule`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from adaptive_spec.core.arms import NO_SPEC, Arm
 from adaptive_spec.core.protocol import Decision, SpecPolicy, StepView
@@ -115,6 +118,38 @@ class BatchSizeTablePolicy(SpecPolicy):
 DEFAULT_NGRAM_TABLE = ((1, 2, 8), (3, 8, 4), (9, 1 << 20, 1))
 
 
+def baseline_policy(
+    name: str, proposers: list[str], max_k: int
+) -> StaticPolicy | BatchSizeTablePolicy | None:
+    """The non-adaptive policy that ``name`` denotes: ``none``, ``static:<proposer>:<k>`` or
+    ``table:<proposer>:<start>-<end>=<k>,...`` (:func:`adaptive_spec.core.policies.make_policy`'s
+    names of these policies); None for any other name.
+
+    Raises
+    ------
+    ValueError
+        For a malformed name of one of them, or an arm, proposer or k the engine cannot run.
+    """
+    if name == "none":
+        return StaticPolicy(proposers, max_k, NO_SPEC)
+    if name.startswith("static:"):
+        return StaticPolicy(proposers, max_k, Arm.parse(name.removeprefix("static:")))
+    if not name.startswith("table:"):
+        return None
+    proposer, _, spec = name.removeprefix("table:").partition(":")
+    rows = []
+    try:
+        for part in spec.split(","):
+            rng, _, k = part.partition("=")
+            start, _, end = rng.partition("-")
+            rows.append([int(start), int(end), int(k)])
+    except ValueError:
+        raise ValueError(
+            f"policy={name!r} is invalid; expected e.g. 'table:ngram:1-2=8,3-8=4,9-256=1'"
+        ) from None
+    return BatchSizeTablePolicy(proposers, max_k, proposer, rows)
+
+
 def default_baseline(proposers: list[str], max_k: int) -> SpecPolicy:
     """The default safe baseline: :data:`DEFAULT_NGRAM_TABLE` (k cut to ``max_k``) when ``ngram`` is
     enabled, else no speculation."""
@@ -122,6 +157,61 @@ def default_baseline(proposers: list[str], max_k: int) -> SpecPolicy:
         rows = [[s, e, min(k, max_k)] for s, e, k in DEFAULT_NGRAM_TABLE]
         return BatchSizeTablePolicy(list(proposers), max_k, "ngram", rows)
     return StaticPolicy(list(proposers), max_k, NO_SPEC)
+
+
+@dataclass(frozen=True, slots=True)
+class BaselineRule:
+    """A safe baseline as the adaptive controller plays it: one proposer's k per batch size."""
+
+    proposer: str | None  # the proposer that drafts; None: no speculation
+    table: tuple[tuple[int, int, int], ...]  # (start, end, k) rows: batch sizes start..end use k
+    name: str  # the baseline policy's name ("none" without speculation)
+
+    def k_at(self, batch_size: int, max_k: int) -> int:
+        """The baseline's k at ``batch_size`` (0 outside every row), at most ``max_k``."""
+        for start, end, k in self.table:
+            if start <= batch_size <= end:
+                return min(int(k), max_k)
+        return 0
+
+
+def baseline_rule(
+    baseline: str | SpecPolicy | None, proposers: list[str], max_k: int
+) -> BaselineRule:
+    """The rule of a safe baseline given as a name (:func:`baseline_policy`), a
+    :class:`StaticPolicy` or :class:`BatchSizeTablePolicy`, or None (:func:`default_baseline`).
+
+    Raises
+    ------
+    ValueError
+        For another name or policy, or a proposer outside ``proposers``.
+    """
+    if baseline is None:
+        baseline = default_baseline(proposers, max_k)
+    if isinstance(baseline, str):
+        try:
+            parsed = baseline_policy(baseline, ["none", *proposers], max_k)
+        except ValueError as e:
+            raise ValueError(f"baseline={baseline!r} is invalid: {e}") from None
+        baseline = baseline if parsed is None else parsed
+    if isinstance(baseline, StaticPolicy):
+        arm = baseline.arm
+        proposer = arm.proposer if arm.k else None
+        table = ((1, 1 << 30, arm.k),)
+    elif isinstance(baseline, BatchSizeTablePolicy):
+        proposer = baseline.proposer
+        table = tuple((s, e, k) for s, e, k in baseline.table)
+    else:
+        raise ValueError(
+            f"baseline={baseline!r} is invalid; allowed: none, static:<proposer>:<k>, "
+            "table:<proposer>:<start>-<end>=<k>,... (a proposer this controller enables)"
+        )
+    if proposer is not None and proposer not in proposers:
+        raise ValueError(
+            f"baseline proposer {proposer!r} is not enabled; enabled: "
+            f"{', '.join(proposers) or 'none'}"
+        )
+    return BaselineRule(proposer, table, baseline.name if proposer else "none")
 
 
 def default_baseline_spec(proposers: list[str], max_k: int) -> str:

@@ -16,8 +16,7 @@
 
 from __future__ import annotations
 
-from adaptive_spec.core.arms import Arm
-from adaptive_spec.core.baselines import BatchSizeTablePolicy, StaticPolicy
+from adaptive_spec.core.baselines import baseline_policy
 from adaptive_spec.core.controller import AdaptiveController
 from adaptive_spec.core.cost_table import StepCostTable
 from adaptive_spec.core.protocol import SpecPolicy
@@ -77,10 +76,9 @@ def make_policy(
             baseline=baseline,
             **extra,
         )
-    if name == "none":
-        return StaticPolicy(proposers, max_k, Arm.parse("none"))
-    if name.startswith("static:"):
-        return StaticPolicy(proposers, max_k, Arm.parse(name.removeprefix("static:")))
+    base = baseline_policy(name, proposers, max_k)
+    if base is not None:
+        return base
     if name.startswith(("smartspec:", "banditspec:")):
         from adaptive_spec.core.peers import BanditSpecPolicy, SmartSpecPolicy
 
@@ -92,20 +90,6 @@ def make_policy(
         if kind == "smartspec":
             return SmartSpecPolicy(proposers, max_k, proposer=proposer, cost_table=cost_table)
         return BanditSpecPolicy(proposers, max_k, proposer=proposer)
-    if name.startswith("table:"):
-        rest = name.removeprefix("table:")
-        proposer, _, spec = rest.partition(":")
-        rows = []
-        try:
-            for part in spec.split(","):
-                rng, _, k = part.partition("=")
-                start, _, end = rng.partition("-")
-                rows.append([int(start), int(end), int(k)])
-        except ValueError:
-            raise ValueError(
-                f"policy={name!r} is invalid; expected e.g. 'table:ngram:1-2=8,3-8=4,9-256=1'"
-            ) from None
-        return BatchSizeTablePolicy(proposers, max_k, proposer, rows)
     raise ValueError(f"policy={name!r} is not known; allowed: {', '.join(POLICY_NAMES)}")
 
 

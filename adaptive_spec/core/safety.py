@@ -30,11 +30,17 @@ import math
 import numpy as np
 
 from adaptive_spec.core import controller_kernels as kern
+from adaptive_spec.core.controller_kernels import Committed, Decided, Pending, Records, Tracked
 
 _NO_FINISHED = np.zeros(0, dtype=np.bool_)
 #: Decision records kept (row ``step % RECORDS``): a record still open this many decisions later is
 #: dropped (its step time never came).
 RECORDS = 4096
+
+
+def _resolved_total(column: int, doc: str) -> property:
+    """A read-only float view of one of a guard's ``resolved`` totals."""
+    return property(lambda self: float(self.resolved[column]), doc=doc)
 
 
 class ConservativeGuard:
@@ -64,25 +70,10 @@ class ConservativeGuard:
         self.refusals = 0
         self.probes = 0
 
-    @property
-    def base_tokens(self) -> float:
-        """Baseline tokens on the resolved steps."""
-        return float(self.resolved[0])
-
-    @property
-    def base_time_s(self) -> float:
-        """Baseline time on the resolved steps (s)."""
-        return float(self.resolved[1])
-
-    @property
-    def run_tokens_resolved(self) -> float:
-        """The run's tokens on the resolved steps."""
-        return float(self.resolved[2])
-
-    @property
-    def run_time_resolved(self) -> float:
-        """The run's time on the resolved steps (s)."""
-        return float(self.resolved[3])
+    base_tokens = _resolved_total(0, "Baseline tokens on the resolved steps.")
+    base_time_s = _resolved_total(1, "Baseline time on the resolved steps (s).")
+    run_tokens_resolved = _resolved_total(2, "The run's tokens on the resolved steps.")
+    run_time_resolved = _resolved_total(3, "The run's time on the resolved steps (s).")
 
     def baseline_goodput(self, fallback: float) -> float:
         """The baseline's goodput on the resolved steps (tokens/s), ``fallback`` before any."""
@@ -163,74 +154,89 @@ class BaselineTracker:
             raise ValueError(f"history={history} is invalid; allowed: > max_k + 1 = {max_k + 1}")
         self.K = max_k
         self.H = history
-        self.ring = np.zeros((16, history), dtype=np.int64)
-        self.length = np.zeros(16, dtype=np.int64)  # tokens committed per slot (absolute)
+        # Tokens committed per slot: the last ``history`` in a ring, and how many (absolute).
+        self.committed = Committed(
+            np.zeros((16, history), dtype=np.int64), np.zeros(16, dtype=np.int64)
+        )
         # Pending drafts: the first ``n_pending`` rows of these arrays (grown by doubling).
         self.n_pending = 0
         self._alloc_pending(64)
         # Per decision, row ``step % RECORDS``: [baseline tokens so far, unresolved drafts, baseline
         # time, run tokens, run time] (:func:`adaptive_spec.core.controller_kernels.records_open`).
-        self.rec = np.zeros((RECORDS, 5))
-        self.rec_step = np.full(RECORDS, -1, dtype=np.int64)
-        self.rec_bounds = np.zeros(2, dtype=np.int64)  # the steps that may be open, [lo, hi)
+        self.records = Records(
+            np.zeros((RECORDS, 5)),
+            np.full(RECORDS, -1, dtype=np.int64),
+            np.zeros(2, dtype=np.int64),
+        )
 
-    def _open(self, step: int, count: int) -> None:
-        kern.records_open(self.rec, self.rec_step, self.rec_bounds, step, count)
+    @property
+    def ring(self) -> np.ndarray:
+        """The last ``history`` committed tokens per slot, int64 [slots, history]."""
+        return self.committed.ring
+
+    @property
+    def length(self) -> np.ndarray:
+        """Tokens committed per slot (absolute output position), int64 [slots]."""
+        return self.committed.length
+
+    def tracked(self, resolved: np.ndarray) -> Tracked:
+        """The arrays an observation updates in place, with a guard's ``resolved`` totals."""
+        return Tracked(self.committed, self.pending_drafts, self.records, resolved)
 
     def record(self, step: int) -> list[float] | None:
         """The open record of decision ``step`` (a copy), None when it has none."""
         i = step % RECORDS
-        return self.rec[i].tolist() if self.rec_step[i] == step else None
+        rec, rec_step, _ = self.records
+        return rec[i].tolist() if rec_step[i] == step else None
 
     def open_steps(self) -> int:
         """Decisions whose records are still open."""
-        return int(np.count_nonzero(self.rec_step >= 0))  # a closed or dropped row holds -1
-
-    def _pending_arrays(self) -> tuple[np.ndarray, ...]:
-        """The pending drafts' slot, position, k, step (int64 [capacity]) and draft (int64
-        [capacity, max_k]) arrays, in the kernels' argument order."""
-        return self.p_slot, self.p_pos, self.p_k, self.p_step, self.p_draft
+        return int(np.count_nonzero(self.records.step >= 0))  # a closed or dropped row holds -1
 
     def _alloc_pending(self, capacity: int) -> None:
         n = self.n_pending
-        old = self._pending_arrays() if n else ()
-        self.p_slot = np.zeros(capacity, dtype=np.int64)
-        self.p_pos = np.zeros(capacity, dtype=np.int64)
-        self.p_k = np.zeros(capacity, dtype=np.int64)
-        self.p_step = np.zeros(capacity, dtype=np.int64)
-        self.p_draft = np.zeros((capacity, self.K), dtype=np.int64)
-        for new, prev in zip(self._pending_arrays(), old, strict=False):
+        old = self.pending_drafts if n else ()
+        self.pending_drafts = Pending(
+            *(np.zeros(capacity, dtype=np.int64) for _ in range(4)),
+            np.zeros((capacity, self.K), dtype=np.int64),
+        )
+        for new, prev in zip(self.pending_drafts, old, strict=False):
             new[:n] = prev[:n]
 
     def _reserve(self, count: int) -> None:
         """Room for ``count`` more pending drafts (the arrays grow by doubling)."""
         need = self.n_pending + count
-        if need > self.p_slot.shape[0]:
-            self._alloc_pending(max(need, 2 * self.p_slot.shape[0]))
+        if need > self.pending_drafts.slot.shape[0]:
+            self._alloc_pending(max(need, 2 * self.pending_drafts.slot.shape[0]))
 
     def ensure(self, n_slots: int) -> None:
-        if n_slots > self.ring.shape[0]:
-            grow = max(n_slots, 2 * self.ring.shape[0])
-            ring = np.zeros((grow, self.H), dtype=np.int64)
-            ring[: self.ring.shape[0]] = self.ring
-            length = np.zeros(grow, dtype=np.int64)
-            length[: self.length.shape[0]] = self.length
-            self.ring, self.length = ring, length
+        """Room for ``n_slots`` slots (the ring and the lengths grow by doubling, keeping theirs)."""
+        ring, length = self.committed
+        if n_slots > ring.shape[0]:
+            grow = max(n_slots, 2 * ring.shape[0])
+            new = Committed(
+                np.zeros((grow, self.H), dtype=np.int64), np.zeros(grow, dtype=np.int64)
+            )
+            new.ring[: ring.shape[0]] = ring
+            new.length[: length.shape[0]] = length
+            self.committed = new
 
     def reset_slot(self, slot: int, position: int) -> None:
         """A slot (re)starts at output position ``position``; its pending drafts are dropped."""
         self.ensure(slot + 1)
         self.length[slot] = position
         n = self.n_pending
-        drop = self.p_slot[:n] == slot
+        pend = self.pending_drafts
+        drop = pend.slot[:n] == slot
         if drop.any():
-            for s in np.unique(self.p_step[:n][drop]).tolist():
+            rec, rec_step, _ = self.records
+            for s in np.unique(pend.step[:n][drop]).tolist():
                 i = s % RECORDS
-                if self.rec_step[i] == s:
-                    self.rec[i, 1] -= int((drop & (self.p_step[:n] == s)).sum())
+                if rec_step[i] == s:
+                    rec[i, 1] -= int((drop & (pend.step[:n] == s)).sum())
             keep = np.flatnonzero(~drop)
             m = keep.size
-            for arr in self._pending_arrays():
+            for arr in pend:
                 arr[:m] = arr[keep]
             self.n_pending = m
 
@@ -250,12 +256,12 @@ class BaselineTracker:
         n = len(slots)
         sel = np.ones(n, dtype=np.bool_) if rows is None else rows
         count = int(sel.sum()) if n else 0
-        self._open(step, count)
+        kern.records_open(self.records, step, count)
         if count == 0:
             return
         self._reserve(count)
         self.n_pending = kern.tracker_add(
-            *self._pending_arrays(),
+            self.pending_drafts,
             self.n_pending,
             step,
             np.ascontiguousarray(slots, dtype=np.int64),
@@ -266,28 +272,18 @@ class BaselineTracker:
         )
 
     def register(
-        self,
-        step: int,
-        slots: np.ndarray,
-        positions: np.ndarray,
-        drafts: np.ndarray,
-        ks: np.ndarray,
-        kb: np.ndarray,
-        choice: np.ndarray,
-        base_proposer: int,
-        all_same: bool,
+        self, step: int, decided: Decided, base_proposer: int, all_same: bool
     ) -> np.ndarray:
         """Register one decision (:func:`adaptive_spec.core.controller_kernels.register_baseline`): the
-        baseline's drafts of the requests whose played arm (``ks``, ``choice``) differs from the
-        baseline's (``kb`` tokens of proposer index ``base_proposer``, -1: none), none when
-        ``all_same``. ``drafts`` int64 [n, P, K]. Returns ``same`` bool [n]: the rows whose tokens
-        are the baseline's (the others are registered)."""
-        self._reserve(len(slots))
+        baseline's drafts of the requests whose played arm (``decided.ks``, ``decided.choice``)
+        differs from the baseline's (``decided.kb`` tokens of proposer index ``base_proposer``, -1:
+        none), none when ``all_same``. Returns ``same`` bool [n]: the rows whose tokens are the
+        baseline's (the others are registered)."""
+        self._reserve(len(decided.slots))
         self.n_pending, count, same = kern.register_baseline(
-            *self._pending_arrays(), self.n_pending, step, slots, positions, drafts,
-            ks, kb, choice, base_proposer, all_same,
-        )  # fmt: skip
-        self._open(step, count)
+            self.pending_drafts, self.n_pending, step, decided, base_proposer, all_same
+        )
+        kern.records_open(self.records, step, count)
         return same
 
     def set_step_times(
@@ -301,8 +297,8 @@ class BaselineTracker:
         """Complete a step's record: the baseline's time on it, the run's tokens and time, and the
         baseline tokens already known (requests that played the baseline's own arm)."""
         i = step % RECORDS
-        if self.rec_step[i] == step:
-            rec = self.rec[i]
+        if self.records.step[i] == step:
+            rec = self.records.rec[i]
             rec[0] += base_tokens_known
             rec[2], rec[3], rec[4] = base_time_s, run_tokens, run_time_s
 
@@ -319,8 +315,7 @@ class BaselineTracker:
         if flat is None or flat.size == 0:
             return
         kern.tracker_commit(
-            self.ring,
-            self.length,
+            self.committed,
             np.ascontiguousarray(slots, dtype=np.int64),
             np.ascontiguousarray(lens, dtype=np.int64),
             np.ascontiguousarray(flat, dtype=np.int64),
@@ -335,24 +330,21 @@ class BaselineTracker:
         now as ``(step, [baseline tokens, unresolved drafts (<= 0), baseline time, run tokens, run
         time])``, oldest first."""
         if self.n_pending:
+            fin = _NO_FINISHED if finished is None else np.ascontiguousarray(finished, np.bool_)
             self.n_pending, steps, emitted = kern.tracker_resolve(
-                self.ring,
-                self.length,
-                *self._pending_arrays(),
-                self.n_pending,
-                _NO_FINISHED
-                if finished is None
-                else np.ascontiguousarray(finished, dtype=np.bool_),
+                self.committed, self.pending_drafts, self.n_pending, fin
             )
-            kern.records_resolve(self.rec, self.rec_step, steps, emitted)
+            kern.records_resolve(self.records, steps, emitted)
         return self.complete(into)
 
     def complete(self, into: np.ndarray | None = None) -> list[tuple[int, list[float]]]:
         """Close the complete records (:func:`adaptive_spec.core.controller_kernels.records_complete`),
         counted into ``into`` when given; returned as in :meth:`resolve`."""
         acc = np.zeros(4) if into is None else into
-        done = kern.records_complete(self.rec, self.rec_step, self.rec_bounds, acc)
-        return [(s, self.rec[s % RECORDS].tolist()) for s in done.tolist()]
+        done = kern.records_complete(self.records, acc)
+        rec = self.records.rec
+        return [(s, rec[s % RECORDS].tolist()) for s in done.tolist()]
 
     def pending(self) -> int:
+        """Pending baseline drafts (registered, not yet resolved)."""
         return self.n_pending
