@@ -4,6 +4,7 @@ resume, LoRA training, and the CLI's validation (tiny float32 models on the CPU)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -233,7 +234,7 @@ def test_train_resume_matches_uninterrupted(tiny, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real_loss(*args, **kwargs)
 
-    monkeypatch.setattr(D, "distill_loss", flaky)
+    monkeypatch.setattr(D.training, "distill_loss", flaky)
     with pytest.raises(KeyboardInterrupt):
         D.train_draft(
             b,
@@ -245,7 +246,7 @@ def test_train_resume_matches_uninterrupted(tiny, tmp_path, monkeypatch):
             pad_id=2,
             progress=False,
         )
-    monkeypatch.setattr(D, "distill_loss", real_loss)
+    monkeypatch.setattr(D.training, "distill_loss", real_loss)
     assert torch.load(tmp_path / "b" / "train.pt", weights_only=False)["step"] == 2
     # ... and a fresh process (other initial weights, other RNG state) resumes it to the same result.
     torch.manual_seed(123)
@@ -272,7 +273,7 @@ def test_train_resume_matches_uninterrupted(tiny, tmp_path, monkeypatch):
 
 def test_check_resume_refuses_other_settings(tmp_path):
     cfg = _cfg("t")
-    (tmp_path / "config.json").write_text(json.dumps(D.asdict(cfg)))
+    (tmp_path / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
     D.check_resume(tmp_path, _cfg("t", steps=99, save_every=7))  # allowed changes
     with pytest.raises(ValueError, match="lr"):
         D.check_resume(tmp_path, _cfg("t", lr=0.5))
@@ -437,5 +438,5 @@ def test_namespace_defaults_match_config():
 
     args = build_parser().parse_args(["distill", "--out", "x"])
     assert isinstance(args, argparse.Namespace)
-    cfg = D._config(args, Path("t"), None)
+    cfg = D.command._config(args, Path("t"), None)
     assert cfg.teacher == "topk" and cfg.generator == "vllm" and cfg.loss == "kl"
