@@ -3,6 +3,9 @@
 The public modules (:mod:`~adaptive_spec.kernels.jacobi`, :mod:`~adaptive_spec.kernels.lora`,
 :mod:`~adaptive_spec.kernels.ngram`, :mod:`~adaptive_spec.kernels.rejection`) re-export the result
 types; the ``_*_triton.py`` modules import from here, never from their public twin.
+
+Each ``check_*`` / ``prepare_*`` function raises TypeError for an argument that is not a tensor and
+ValueError for a wrong rank, dtype, shape, value or device, naming the argument.
 """
 
 from __future__ import annotations
@@ -43,15 +46,7 @@ class JacobiStep:
 def check_jacobi_step(
     iterate: torch.Tensor, iterate_len: torch.Tensor, predictions: torch.Tensor
 ) -> tuple[int, int]:
-    """Validate the arguments of :func:`~adaptive_spec.kernels.jacobi.jacobi_step`; returns (B, K).
-
-    Raises
-    ------
-    TypeError
-        An argument is not a tensor.
-    ValueError
-        A wrong rank, dtype, shape, value or device (the message names the argument).
-    """
+    """Validate the arguments of :func:`~adaptive_spec.kernels.jacobi.jacobi_step`; returns (B, K)."""
     check_tensor("iterate", iterate, ndim=2, dtypes=INT_DTYPES)
     check_tensor("iterate_len", iterate_len, ndim=1, dtypes=INT_DTYPES)
     check_tensor("predictions", predictions, ndim=2, dtypes=INT_DTYPES)
@@ -71,13 +66,6 @@ def check_lookahead_ngrams(
 ) -> tuple[int, int, int]:
     """Validate the arguments of :func:`~adaptive_spec.kernels.jacobi.lookahead_ngrams`; returns
     (B, N, W).
-
-    Raises
-    ------
-    TypeError
-        An argument is not a tensor.
-    ValueError
-        A wrong rank, dtype, shape, value or device (the message names the argument).
     """
     check_tensor("trajectory", trajectory, ndim=3, dtypes=INT_DTYPES)
     check_tensor("predictions", predictions, ndim=2, dtypes=INT_DTYPES)
@@ -91,15 +79,7 @@ def check_lookahead_ngrams(
 
 
 def check_pool_update(pool: torch.Tensor, pool_ptr: torch.Tensor, ngrams: torch.Tensor) -> None:
-    """Validate the arguments of :func:`~adaptive_spec.kernels.jacobi.lookahead_pool_update`.
-
-    Raises
-    ------
-    TypeError
-        An argument is not a tensor.
-    ValueError
-        A wrong rank, dtype, shape, value or device (the message names the argument).
-    """
+    """Validate the arguments of :func:`~adaptive_spec.kernels.jacobi.lookahead_pool_update`."""
     check_tensor("pool", pool, ndim=3, dtypes=(torch.int64,))
     check_tensor("pool_ptr", pool_ptr, ndim=1, dtypes=(torch.int64,))
     check_tensor("ngrams", ngrams, ndim=3, dtypes=INT_DTYPES)
@@ -124,13 +104,6 @@ def check_lora(
 ) -> torch.Tensor:
     """Validate the arguments of :func:`~adaptive_spec.kernels.lora.lora_bgmv` (adapter indices too,
     off CUDA); returns the per-adapter scale, float32 [L] on the tensors' device.
-
-    Raises
-    ------
-    TypeError
-        An argument is not a tensor.
-    ValueError
-        A wrong rank, dtype, shape, value or device (the message names the argument).
     """
     check_tensor("y", y, ndim=2, dtypes=FLOAT_DTYPES)
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
@@ -223,13 +196,6 @@ def prepare_ngram_match(
 ) -> tuple[torch.Tensor, int]:
     """Validate the arguments of :func:`~adaptive_spec.kernels.ngram.ngram_match`; returns the
     per-request draft cap (int64 [B]) and max_k.
-
-    Raises
-    ------
-    TypeError
-        An argument is not a tensor.
-    ValueError
-        A wrong rank, dtype, shape, value or device (the message names the argument).
     """
     check_ngram_config(min_n, max_n, max_window)
     check_tensor("token_ids", token_ids, ndim=2, dtypes=INT_DTYPES)
@@ -301,13 +267,6 @@ def check_verify(
 ) -> int:
     """Validate the arguments of :func:`~adaptive_spec.kernels.rejection.verify`: shapes and dtypes
     always, values when ``validate`` (default: on CPU); returns max_k.
-
-    Raises
-    ------
-    TypeError
-        An argument is not a tensor.
-    ValueError
-        A wrong rank, dtype, shape, value or device (the message names the argument).
     """
     check_tensor("target_logits", target_logits, ndim=2, dtypes=FLOAT_DTYPES)
     check_tensor("draft_token_ids", draft_token_ids, ndim=1, dtypes=INT_DTYPES)

@@ -207,21 +207,19 @@ def _cfg(path, **kw):
     return D.DistillConfig(**base)
 
 
+def _train(draft, model, seqs, cfg, ckpt_dir, params=None):
+    """``train_draft`` of ``params`` (default: every layer of the cut), pad id 2, no progress bar."""
+    if params is None:
+        params = list(draft.model.layers.parameters())
+    return D.train_draft(draft, params, model, seqs, cfg, ckpt_dir, pad_id=2, progress=False)
+
+
 def test_train_resume_matches_uninterrupted(tiny, tmp_path, monkeypatch):
     path, model, tok = tiny
     seqs = D.usable(_data(model, tok), "train")
     torch.manual_seed(0)
     a = D.build_layer_cut(model, 1)
-    ra = D.train_draft(
-        a,
-        list(a.model.layers.parameters()),
-        model,
-        seqs,
-        _cfg(path),
-        tmp_path / "a",
-        pad_id=2,
-        progress=False,
-    )
+    ra = _train(a, model, seqs, _cfg(path), tmp_path / "a")
     assert ra["steps_done"] == 4 and np.isfinite(ra["loss"])
     # Interrupted (Ctrl-C) during step 3: the checkpoint holds steps 1-2 ...
     torch.manual_seed(0)
@@ -236,16 +234,7 @@ def test_train_resume_matches_uninterrupted(tiny, tmp_path, monkeypatch):
 
     monkeypatch.setattr(D.training, "distill_loss", flaky)
     with pytest.raises(KeyboardInterrupt):
-        D.train_draft(
-            b,
-            list(b.model.layers.parameters()),
-            model,
-            seqs,
-            _cfg(path),
-            tmp_path / "b",
-            pad_id=2,
-            progress=False,
-        )
+        _train(b, model, seqs, _cfg(path), tmp_path / "b")
     monkeypatch.setattr(D.training, "distill_loss", real_loss)
     assert torch.load(tmp_path / "b" / "train.pt", weights_only=False)["step"] == 2
     # ... and a fresh process (other initial weights, other RNG state) resumes it to the same result.
@@ -254,16 +243,7 @@ def test_train_resume_matches_uninterrupted(tiny, tmp_path, monkeypatch):
     with torch.no_grad():
         for p in c.model.layers.parameters():
             p.add_(1.0)
-    rc = D.train_draft(
-        c,
-        list(c.model.layers.parameters()),
-        model,
-        seqs,
-        _cfg(path),
-        tmp_path / "b",
-        pad_id=2,
-        progress=False,
-    )
+    rc = _train(c, model, seqs, _cfg(path), tmp_path / "b")
     assert rc["steps_done"] == 4
     for pa, pc in zip(a.model.layers.parameters(), c.model.layers.parameters(), strict=True):
         torch.testing.assert_close(pa, pc)
@@ -288,16 +268,7 @@ def test_distillation_raises_acceptance(tiny):
     torch.manual_seed(0)
     draft = D.build_layer_cut(model, 1)
     before = D.evaluate(draft, train, device="cpu", pad_id=2, autocast=False)["all"]
-    D.train_draft(
-        draft,
-        list(draft.model.layers.parameters()),
-        model,
-        train,
-        _cfg(path, steps=40, lr=3e-3, batch_size=4),
-        None,
-        pad_id=2,
-        progress=False,
-    )
+    _train(draft, model, train, _cfg(path, steps=40, lr=3e-3, batch_size=4), None)
     after = D.evaluate(draft, train, device="cpu", pad_id=2, autocast=False)["all"]
     assert after.agreement > before.agreement + 0.2
     assert after.tau(4) > before.tau(4) + 0.2
@@ -317,16 +288,7 @@ def test_lora_training_and_roundtrip(tiny, tmp_path):
     # B = 0 at the start: the adapted draft is the base draft.
     same = D.evaluate(draft, train, device="cpu", pad_id=2, autocast=False)["all"]
     assert same.agree == before.agree
-    D.train_draft(
-        draft,
-        params,
-        model,
-        train,
-        _cfg(path, steps=30, lr=5e-3, batch_size=4),
-        None,
-        pad_id=2,
-        progress=False,
-    )
+    _train(draft, model, train, _cfg(path, steps=30, lr=5e-3, batch_size=4), None, params=params)
     after = D.evaluate(draft, train, device="cpu", pad_id=2, autocast=False)["all"]
     assert after.agreement > before.agreement
     # Base weights untouched.

@@ -173,18 +173,13 @@ def _check_args(args: argparse.Namespace) -> None:
         "max_prompt_tokens",
         "topk",
     )
-    for name in positive:
-        v = getattr(args, name)
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(
-                f"--{name.replace('_', '-')}={v!r} is invalid; allowed: an integer >= 1"
-            )
-    for name in ("eval_prompts", "skip", "warmup"):
-        v = getattr(args, name)
-        if not isinstance(v, int) or v < 0:
-            raise ValueError(
-                f"--{name.replace('_', '-')}={v!r} is invalid; allowed: an integer >= 0"
-            )
+    for names, low in ((positive, 1), (("eval_prompts", "skip", "warmup"), 0)):
+        for name in names:
+            v = getattr(args, name)
+            if not isinstance(v, int) or v < low:
+                raise ValueError(
+                    f"--{name.replace('_', '-')}={v!r} is invalid; allowed: an integer >= {low}"
+                )
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads={args.threads!r} is invalid; allowed: an integer >= 1")
     if not args.lr > 0:
