@@ -35,17 +35,6 @@ import torch
 from ._checks import JacobiStep, check_jacobi_step, check_lookahead_ngrams, check_pool_update
 from ._common import use_triton
 
-__all__ = [
-    "JacobiStep",
-    "jacobi_step",
-    "jacobi_step_reference",
-    "lookahead_ngrams",
-    "lookahead_ngrams_reference",
-    "lookahead_pool_lookup",
-    "lookahead_pool_update",
-    "lookahead_pool_update_reference",
-]
-
 
 def jacobi_step_reference(
     iterate: torch.Tensor, iterate_len: torch.Tensor, predictions: torch.Tensor

@@ -18,11 +18,6 @@ import torch
 from ._checks import check_lora
 from ._common import use_triton
 
-__all__ = [
-    "lora_bgmv",
-    "lora_reference",
-]
-
 
 def lora_reference(
     y: torch.Tensor,

@@ -45,14 +45,6 @@ from ._checks import VerifyOutput, check_verify
 from ._common import use_triton
 from .philox import accept_uniforms, sample_noise
 
-__all__ = [
-    "VerifyOutput",
-    "flatten_drafts",
-    "row_request_index",
-    "verify",
-    "verify_reference",
-]
-
 
 def flatten_drafts(
     drafts: Sequence[Sequence[int] | torch.Tensor], device: torch.device | str = "cpu"
