@@ -8,9 +8,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+#: ``--teacher``: where the target's distribution comes from (:mod:`~.teacher`).
 TEACHERS = ("topk", "online", "cached")
-
-
+#: ``--generator``: where the training replies come from (:mod:`~.data`).
 GENERATORS = ("vllm", "hf", "none")
 
 

@@ -13,6 +13,8 @@ def final_hidden(model: Any, ids: Any, att: Any) -> Any:
 
 
 def bf16_autocast(device: str, enabled: bool) -> Any:
+    """A context running ``device``'s (``cpu``, ``cuda[:N]``) operations in bfloat16 where torch's
+    autocast does, or a no-op when not ``enabled``."""
     import torch
 
     if not enabled:
