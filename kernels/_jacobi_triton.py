@@ -6,8 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._checks import JacobiStep, check_jacobi_step, check_lookahead_ngrams, check_pool_update
 from ._common import next_pow2
-from .jacobi import JacobiStep, _check_ngrams, _check_pool, _check_step
 
 
 @triton.jit
@@ -46,7 +46,7 @@ def jacobi_step_triton(
     iterate: torch.Tensor, iterate_len: torch.Tensor, predictions: torch.Tensor
 ) -> JacobiStep:
     """Triton implementation of :func:`adaptive_spec.kernels.jacobi.jacobi_step`."""
-    b, k = _check_step(iterate, iterate_len, predictions)
+    b, k = check_jacobi_step(iterate, iterate_len, predictions)
     dev = iterate.device
     acc = torch.zeros(b, dtype=torch.int64, device=dev)
     emit = torch.full((b, k + 1), -1, dtype=torch.int64, device=dev)
@@ -109,7 +109,7 @@ def _ngrams_kernel(
 
 def lookahead_ngrams_triton(trajectory: torch.Tensor, predictions: torch.Tensor) -> torch.Tensor:
     """Triton implementation of :func:`adaptive_spec.kernels.jacobi.lookahead_ngrams`."""
-    b, n, w = _check_ngrams(trajectory, predictions)
+    b, n, w = check_lookahead_ngrams(trajectory, predictions)
     m = max(w - n + 1, 0)
     out = torch.full((b, m, n), -1, dtype=torch.int64, device=trajectory.device)
     if b and m:
@@ -171,7 +171,7 @@ def lookahead_pool_update_triton(
     pool: torch.Tensor, pool_ptr: torch.Tensor, ngrams: torch.Tensor
 ) -> None:
     """Triton implementation of :func:`adaptive_spec.kernels.jacobi.lookahead_pool_update`."""
-    _check_pool(pool, pool_ptr, ngrams)
+    check_pool_update(pool, pool_ptr, ngrams)
     b, c, n = pool.shape
     m = ngrams.shape[1]
     if b == 0 or m == 0:

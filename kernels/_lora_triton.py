@@ -6,8 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._checks import check_lora
 from ._common import next_pow2
-from .lora import _check
 
 
 @triton.jit
@@ -88,7 +88,7 @@ def lora_triton(
     scale: float | torch.Tensor = 1.0,
 ) -> torch.Tensor:
     """Triton implementation of :func:`adaptive_spec.kernels.lora.lora_bgmv`."""
-    scale_t = _check(y, x, lora_a, lora_b, indices, scale).contiguous()
+    scale_t = check_lora(y, x, lora_a, lora_b, indices, scale).contiguous()
     t, d_in = x.shape
     rank = lora_a.shape[2]
     d_out = y.shape[1]

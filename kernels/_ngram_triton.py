@@ -6,8 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._checks import DEFAULT_MAX_WINDOW, NgramMatch, prepare_ngram_match
 from ._common import next_pow2
-from .ngram import DEFAULT_MAX_WINDOW, NgramMatch, _prepare
 
 
 @triton.jit
@@ -72,7 +72,7 @@ def ngram_match_triton(
     max_new_tokens: torch.Tensor | None = None,
 ) -> NgramMatch:
     """Triton implementation of :func:`adaptive_spec.kernels.ngram.ngram_match`."""
-    cap, max_k = _prepare(
+    cap, max_k = prepare_ngram_match(
         token_ids, num_tokens, ks, max_new_tokens, min_n, max_n, max_window, max_k
     )
     dev = token_ids.device

@@ -35,10 +35,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ._checks import VerifyOutput, check_verify
 from ._common import triton_interpret
 from ._philox_triton import philox4x32, to_uniform
 from .philox import NOISE_SUB, PURPOSE_ACCEPT, PURPOSE_SAMPLE
-from .rejection import VerifyOutput, _check_args
 
 # Globals used inside kernels must be constexpr.
 C_ACCEPT = tl.constexpr(PURPOSE_ACCEPT)
@@ -496,7 +496,7 @@ def verify_triton(
     tuning). No host synchronisation when ``max_k`` is given and ``validate`` is off, so the call
     can be captured in a CUDA graph.
     """
-    max_k = _check_args(
+    max_k = check_verify(
         target_logits,
         draft_token_ids,
         cu_num_draft_tokens,

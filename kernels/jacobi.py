@@ -30,60 +30,17 @@ Each function has a PyTorch reference; ``jacobi_step``, ``lookahead_ngrams`` and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from ._common import INT_DTYPES, check_same_device, check_tensor, use_triton
-
-
-@dataclass(slots=True)
-class JacobiStep:
-    """Result of :func:`jacobi_step`.
-
-    Attributes
-    ----------
-    accepted : torch.Tensor
-        int64 [B]: accepted prefix length a (0..len).
-    emitted : torch.Tensor
-        int64 [B, K + 1]: z_0..z_a, padded with -1.
-    num_emitted : torch.Tensor
-        int64 [B]: a + 1.
-    next_iterate : torch.Tensor
-        int64 [B, K]: z_{a+1}..z_len, padded with -1.
-    next_len : torch.Tensor
-        int64 [B]: len - a.
-    """
-
-    accepted: torch.Tensor
-    emitted: torch.Tensor
-    num_emitted: torch.Tensor
-    next_iterate: torch.Tensor
-    next_len: torch.Tensor
-
-
-def _check_step(
-    iterate: torch.Tensor, iterate_len: torch.Tensor, predictions: torch.Tensor
-) -> tuple[int, int]:
-    check_tensor("iterate", iterate, ndim=2, dtypes=INT_DTYPES)
-    check_tensor("iterate_len", iterate_len, ndim=1, dtypes=INT_DTYPES)
-    check_tensor("predictions", predictions, ndim=2, dtypes=INT_DTYPES)
-    b, k = iterate.shape
-    if iterate_len.shape[0] != b:
-        raise ValueError(f"iterate_len has {iterate_len.shape[0]} entries; expected {b}")
-    if tuple(predictions.shape) != (b, k + 1):
-        raise ValueError(
-            f"predictions has shape {tuple(predictions.shape)}; expected ({b}, {k + 1})"
-        )
-    check_same_device(iterate=iterate, iterate_len=iterate_len, predictions=predictions)
-    return b, k
+from ._checks import JacobiStep, check_jacobi_step, check_lookahead_ngrams, check_pool_update
+from ._common import use_triton
 
 
 def jacobi_step_reference(
     iterate: torch.Tensor, iterate_len: torch.Tensor, predictions: torch.Tensor
 ) -> JacobiStep:
     """PyTorch reference of :func:`jacobi_step`."""
-    _, k = _check_step(iterate, iterate_len, predictions)
+    _, k = check_jacobi_step(iterate, iterate_len, predictions)
     dev = iterate.device
     ln = iterate_len.to(torch.int64).clamp(min=0, max=k)
     y = iterate.to(torch.int64)
@@ -141,21 +98,9 @@ def jacobi_step(
     return jacobi_step_reference(iterate, iterate_len, predictions)
 
 
-def _check_ngrams(trajectory: torch.Tensor, predictions: torch.Tensor) -> tuple[int, int, int]:
-    check_tensor("trajectory", trajectory, ndim=3, dtypes=INT_DTYPES)
-    check_tensor("predictions", predictions, ndim=2, dtypes=INT_DTYPES)
-    b, levels, w = trajectory.shape
-    if levels < 1:
-        raise ValueError(f"trajectory has {levels} levels; need N - 1 >= 1")
-    if tuple(predictions.shape) != (b, w):
-        raise ValueError(f"predictions has shape {tuple(predictions.shape)}; expected ({b}, {w})")
-    check_same_device(trajectory=trajectory, predictions=predictions)
-    return b, levels + 1, w
-
-
 def lookahead_ngrams_reference(trajectory: torch.Tensor, predictions: torch.Tensor) -> torch.Tensor:
     """PyTorch reference of :func:`lookahead_ngrams`."""
-    b, n, w = _check_ngrams(trajectory, predictions)
+    b, n, w = check_lookahead_ngrams(trajectory, predictions)
     m = max(w - n + 1, 0)
     dev = trajectory.device
     s = torch.arange(m, device=dev)
@@ -195,25 +140,11 @@ def lookahead_ngrams(
     return lookahead_ngrams_reference(trajectory, predictions)
 
 
-def _check_pool(pool: torch.Tensor, pool_ptr: torch.Tensor, ngrams: torch.Tensor) -> None:
-    check_tensor("pool", pool, ndim=3, dtypes=(torch.int64,))
-    check_tensor("pool_ptr", pool_ptr, ndim=1, dtypes=(torch.int64,))
-    check_tensor("ngrams", ngrams, ndim=3, dtypes=INT_DTYPES)
-    b, c, n = pool.shape
-    if c < 1 or n < 2:
-        raise ValueError(f"pool has shape {tuple(pool.shape)}; need capacity >= 1 and N >= 2")
-    if pool_ptr.shape[0] != b:
-        raise ValueError(f"pool_ptr has {pool_ptr.shape[0]} entries; expected {b}")
-    if ngrams.shape[0] != b or ngrams.shape[2] != n:
-        raise ValueError(f"ngrams has shape {tuple(ngrams.shape)}; expected ({b}, M, {n})")
-    check_same_device(pool=pool, pool_ptr=pool_ptr, ngrams=ngrams)
-
-
 def lookahead_pool_update_reference(
     pool: torch.Tensor, pool_ptr: torch.Tensor, ngrams: torch.Tensor
 ) -> None:
     """PyTorch reference of :func:`lookahead_pool_update` (in place)."""
-    _check_pool(pool, pool_ptr, ngrams)
+    check_pool_update(pool, pool_ptr, ngrams)
     b, c, _ = pool.shape
     rows = torch.arange(b, device=pool.device)
     g = ngrams.to(torch.int64)

@@ -15,52 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ._common import FLOAT_DTYPES, INT_DTYPES, check_same_device, check_tensor, use_triton
-
-
-def _check(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    lora_a: torch.Tensor,
-    lora_b: torch.Tensor,
-    indices: torch.Tensor,
-    scale: float | torch.Tensor,
-) -> torch.Tensor:
-    check_tensor("y", y, ndim=2, dtypes=FLOAT_DTYPES)
-    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
-    check_tensor("lora_a", lora_a, ndim=3, dtypes=FLOAT_DTYPES)
-    check_tensor("lora_b", lora_b, ndim=3, dtypes=FLOAT_DTYPES)
-    check_tensor("indices", indices, ndim=1, dtypes=INT_DTYPES)
-    t, d_in = x.shape
-    n_ad, a_in, rank = lora_a.shape
-    if a_in != d_in:
-        raise ValueError(f"lora_a has shape {tuple(lora_a.shape)}; expected (L, {d_in}, r)")
-    if tuple(lora_b.shape[:2]) != (n_ad, rank):
-        raise ValueError(
-            f"lora_b has shape {tuple(lora_b.shape)}; expected ({n_ad}, {rank}, d_out)"
-        )
-    if tuple(y.shape) != (t, lora_b.shape[2]):
-        raise ValueError(f"y has shape {tuple(y.shape)}; expected ({t}, {lora_b.shape[2]})")
-    if indices.shape[0] != t:
-        raise ValueError(f"indices has {indices.shape[0]} entries; expected {t}")
-    dev = check_same_device(y=y, x=x, lora_a=lora_a, lora_b=lora_b, indices=indices)
-    if isinstance(scale, torch.Tensor):
-        check_tensor("scale", scale, ndim=1, dtypes=FLOAT_DTYPES)
-        if scale.shape[0] != n_ad:
-            raise ValueError(
-                f"scale has {scale.shape[0]} entries; expected {n_ad} (one per adapter)"
-            )
-        scale_t = scale.to(device=dev, dtype=torch.float32)
-    else:
-        scale_t = torch.full((n_ad,), float(scale), dtype=torch.float32, device=dev)
-    if not y.is_cuda and indices.numel():
-        bad = (indices >= n_ad) | (indices < -1)
-        if bool(bad.any()):
-            raise ValueError(
-                f"indices contains {indices[bad][:5].tolist()}; allowed: -1 (no adapter) or "
-                f"0..{n_ad - 1}"
-            )
-    return scale_t
+from ._checks import check_lora
+from ._common import use_triton
 
 
 def lora_reference(
@@ -72,7 +28,7 @@ def lora_reference(
     scale: float | torch.Tensor = 1.0,
 ) -> torch.Tensor:
     """PyTorch reference of :func:`lora_bgmv` (in place on ``y``, which is returned)."""
-    scale_t = _check(y, x, lora_a, lora_b, indices, scale)
+    scale_t = check_lora(y, x, lora_a, lora_b, indices, scale)
     idx = indices.to(torch.int64)
     for a in torch.unique(idx[idx >= 0]).tolist():
         sel = idx == a

@@ -23,95 +23,25 @@ draft is what followed an earlier occurrence of the context's last n tokens. For
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from ._common import INT_DTYPES, check_same_device, check_tensor, use_triton
+from ._checks import (
+    DEFAULT_MAX_WINDOW,
+    MAX_WINDOW_LIMIT,
+    NgramMatch,
+    check_ngram_config,
+    prepare_ngram_match,
+)
+from ._common import use_triton
 
-DEFAULT_MAX_WINDOW = 2048
-MAX_WINDOW_LIMIT = 1 << 16
-
-
-@dataclass(slots=True)
-class NgramMatch:
-    """Result of :func:`ngram_match`.
-
-    Attributes
-    ----------
-    draft_token_ids : torch.Tensor
-        int64 [B, max_k]: draft tokens, padded with -1.
-    num_draft_tokens : torch.Tensor
-        int64 [B]: valid draft tokens per request.
-    match_len : torch.Tensor
-        int64 [B]: n of the matched suffix n-gram (0 when none), whatever the draft length.
-    """
-
-    draft_token_ids: torch.Tensor
-    num_draft_tokens: torch.Tensor
-    match_len: torch.Tensor
-
-
-def check_ngram_config(min_n: int, max_n: int, max_window: int) -> None:
-    """Validate the n-gram parameters.
-
-    Raises
-    ------
-    ValueError
-        ``min_n < 1``, ``max_n < min_n``, or ``max_window`` outside [2, 65536].
-    """
-    if not isinstance(min_n, int) or min_n < 1:
-        raise ValueError(f"min_n={min_n!r}; expected an int >= 1")
-    if not isinstance(max_n, int) or max_n < min_n:
-        raise ValueError(f"max_n={max_n!r}; expected an int >= min_n={min_n}")
-    if max_n > 64:
-        raise ValueError(f"max_n={max_n}; expected <= 64")
-    if not isinstance(max_window, int) or not 2 <= max_window <= MAX_WINDOW_LIMIT:
-        raise ValueError(f"max_window={max_window!r}; expected an int in [2, {MAX_WINDOW_LIMIT}]")
-
-
-def _prepare(
-    token_ids: torch.Tensor,
-    num_tokens: torch.Tensor,
-    ks: torch.Tensor | int,
-    max_new_tokens: torch.Tensor | None,
-    min_n: int,
-    max_n: int,
-    max_window: int,
-    max_k: int | None,
-) -> tuple[torch.Tensor, int]:
-    """Validate and return (per-request draft cap int64 [B], max_k)."""
-    check_ngram_config(min_n, max_n, max_window)
-    check_tensor("token_ids", token_ids, ndim=2, dtypes=INT_DTYPES)
-    check_tensor("num_tokens", num_tokens, ndim=1, dtypes=INT_DTYPES)
-    b = token_ids.shape[0]
-    if num_tokens.shape[0] != b:
-        raise ValueError(f"num_tokens has {num_tokens.shape[0]} entries; expected {b}")
-    dev = token_ids.device
-    if isinstance(ks, int):
-        if ks < 0:
-            raise ValueError(f"ks={ks}; expected >= 0")
-        ks_t = torch.full((b,), ks, dtype=torch.int64, device=dev)
-    else:
-        check_tensor("ks", ks, ndim=1, dtypes=INT_DTYPES)
-        if ks.shape[0] != b:
-            raise ValueError(f"ks has {ks.shape[0]} entries; expected {b}")
-        ks_t = ks.to(torch.int64)
-    if max_new_tokens is not None:
-        check_tensor("max_new_tokens", max_new_tokens, ndim=1, dtypes=INT_DTYPES)
-        if max_new_tokens.shape[0] != b:
-            raise ValueError(f"max_new_tokens has {max_new_tokens.shape[0]} entries; expected {b}")
-    check_same_device(
-        token_ids=token_ids, num_tokens=num_tokens, ks=ks_t, max_new_tokens=max_new_tokens
-    )
-    if max_k is None:
-        max_k = int(ks_t.max()) if b else 0
-    if not isinstance(max_k, int) or max_k < 0:
-        raise ValueError(f"max_k={max_k!r}; expected an int >= 0 or None")
-    cap = ks_t.clamp(min=0, max=max_k)
-    if max_new_tokens is not None:
-        cap = torch.minimum(cap, max_new_tokens.to(torch.int64) - 1).clamp(min=0)
-    return cap, max_k
+__all__ = [
+    "DEFAULT_MAX_WINDOW",
+    "MAX_WINDOW_LIMIT",
+    "NgramMatch",
+    "check_ngram_config",
+    "ngram_match",
+    "ngram_match_reference",
+]
 
 
 def ngram_match_reference(
@@ -126,7 +56,7 @@ def ngram_match_reference(
     max_new_tokens: torch.Tensor | None = None,
 ) -> NgramMatch:
     """PyTorch reference of :func:`ngram_match` (same arguments, same result)."""
-    cap, max_k = _prepare(
+    cap, max_k = prepare_ngram_match(
         token_ids, num_tokens, ks, max_new_tokens, min_n, max_n, max_window, max_k
     )
     dev = token_ids.device

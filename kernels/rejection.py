@@ -38,42 +38,12 @@ computed in-kernel: no host synchronisation when ``max_k`` is given. ``verify`` 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from ._common import (
-    FLOAT_DTYPES,
-    INT_DTYPES,
-    check_same_device,
-    check_tensor,
-    use_triton,
-)
+from ._checks import VerifyOutput, check_verify
+from ._common import use_triton
 from .philox import accept_uniforms, sample_noise
-
-
-@dataclass(slots=True)
-class VerifyOutput:
-    """Result of one verification step.
-
-    Attributes
-    ----------
-    output_token_ids : torch.Tensor
-        int64 [B, max_k + 1]: per request the accepted draft tokens then one emitted target
-        token (correction or bonus), padded with -1.
-    num_emitted : torch.Tensor
-        int64 [B]: tokens emitted per request (= num_accepted + 1).
-    num_accepted : torch.Tensor
-        int64 [B]: accepted draft tokens per request (0..k_i).
-    target_argmax : torch.Tensor
-        int64 [T + B]: the target's argmax (of logits / T; of the logits for greedy requests) at
-        every row, i.e. every draft position plus the bonus position, in the logits' row order.
-    """
-
-    output_token_ids: torch.Tensor
-    num_emitted: torch.Tensor
-    num_accepted: torch.Tensor
-    target_argmax: torch.Tensor
 
 
 def flatten_drafts(
@@ -112,82 +82,6 @@ def row_request_index(cu_num_draft_tokens: torch.Tensor, num_rows: int) -> torch
     )
 
 
-def _check_args(
-    target_logits: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    cu_num_draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    temperature: torch.Tensor | None,
-    seeds: torch.Tensor | None,
-    max_k: int | None,
-    validate: bool | None,
-) -> int:
-    """Validate shapes/dtypes always and values when ``validate`` (default: on CPU); return max_k."""
-    check_tensor("target_logits", target_logits, ndim=2, dtypes=FLOAT_DTYPES)
-    check_tensor("draft_token_ids", draft_token_ids, ndim=1, dtypes=INT_DTYPES)
-    check_tensor("cu_num_draft_tokens", cu_num_draft_tokens, ndim=1, dtypes=INT_DTYPES)
-    check_same_device(
-        target_logits=target_logits,
-        draft_token_ids=draft_token_ids,
-        cu_num_draft_tokens=cu_num_draft_tokens,
-        draft_probs=draft_probs,
-        temperature=temperature,
-        seeds=seeds,
-    )
-    n_rows, vocab = target_logits.shape
-    n_draft = draft_token_ids.shape[0]
-    b = cu_num_draft_tokens.shape[0]
-    if vocab < 1:
-        raise ValueError(f"target_logits has vocabulary size {vocab}; need >= 1")
-    if n_rows != n_draft + b:
-        raise ValueError(
-            f"target_logits has {n_rows} rows; expected len(draft_token_ids) + batch = "
-            f"{n_draft} + {b} = {n_draft + b} (k_i + 1 rows per request)"
-        )
-    if draft_probs is not None:
-        check_tensor("draft_probs", draft_probs, ndim=2, dtypes=FLOAT_DTYPES)
-        if tuple(draft_probs.shape) != (n_draft, vocab):
-            raise ValueError(
-                f"draft_probs has shape {tuple(draft_probs.shape)}; expected ({n_draft}, {vocab})"
-            )
-    if temperature is not None:
-        check_tensor("temperature", temperature, ndim=1, dtypes=FLOAT_DTYPES)
-        if temperature.shape[0] != b:
-            raise ValueError(f"temperature has {temperature.shape[0]} entries; expected {b}")
-        if seeds is None:
-            raise ValueError("seeds is None; stochastic verification (temperature given) needs it")
-    if seeds is not None:
-        check_tensor("seeds", seeds, ndim=1, dtypes=(torch.int64,))
-        if seeds.shape[0] != b:
-            raise ValueError(f"seeds has {seeds.shape[0]} entries; expected {b}")
-    if max_k is not None and (not isinstance(max_k, int) or max_k < 0):
-        raise ValueError(f"max_k={max_k!r}; expected an int >= 0 or None")
-    if validate is None:
-        validate = not target_logits.is_cuda
-    if validate and b > 0:
-        cu = cu_num_draft_tokens.to(torch.int64)
-        counts = cu - torch.cat([cu.new_zeros(1), cu[:-1]])
-        if bool((counts < 0).any()):
-            raise ValueError(f"cu_num_draft_tokens={cu.tolist()} must be non-decreasing and >= 0")
-        if int(cu[-1]) != n_draft:
-            raise ValueError(
-                f"cu_num_draft_tokens[-1]={int(cu[-1])} must equal len(draft_token_ids)={n_draft}"
-            )
-        if temperature is not None and not bool(
-            ((temperature >= 0) & torch.isfinite(temperature)).all()
-        ):
-            raise ValueError(
-                f"temperature={temperature.tolist()} must be finite and >= 0 (0 = greedy)"
-            )
-    if max_k is None:
-        if b == 0:
-            return 0
-        cu = cu_num_draft_tokens.to(torch.int64)
-        counts = cu - torch.cat([cu.new_zeros(1), cu[:-1]])
-        return int(counts.max())
-    return max_k
-
-
 def verify_reference(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,
@@ -200,7 +94,7 @@ def verify_reference(
     validate: bool | None = None,
 ) -> VerifyOutput:
     """PyTorch reference of :func:`verify` (same arguments, same result)."""
-    max_k = _check_args(
+    max_k = check_verify(
         target_logits,
         draft_token_ids,
         cu_num_draft_tokens,

@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,7 @@ import numpy as np
 
 from adaptive_spec.core.trace import Trace
 
-from .requests import DraftTable, matched_length, outputs_from_trace
+from .requests import Counterfactuals, DraftTable, logged_drafts, matched_length, outputs_from_trace
 
 CF_TYPE = "counterfactual"
 SOURCES = ("rerun", "logged", "teacher-forced", "synthetic")
@@ -217,8 +216,6 @@ def logged_only(trace: Trace, proposer: str) -> dict[str, DraftTable]:
 
     Returns ``{req_id: DraftTable}``; requests where the proposer never appears are absent.
     """
-    from .requests import logged_drafts
-
     outs = outputs_from_trace(trace)
     return {
         rid: per[proposer] for rid, per in logged_drafts(trace, outs).items() if proposer in per
@@ -347,34 +344,6 @@ def acceptance_probs(target_probs: np.ndarray, draft_probs: np.ndarray | None = 
     return np.minimum(1.0, p / q)
 
 
-@dataclass(slots=True)
-class Counterfactuals:
-    """Counterfactual draft tables of a workload.
-
-    Attributes
-    ----------
-    tables : dict
-        ``{req_id: {proposer: DraftTable}}``.
-    features : dict
-        ``{req_id: {proposer: int64 [L]}}``: the ``match_length`` feature per position, where known.
-    sources : dict
-        ``{proposer: source}``, source in ``rerun``, ``logged``, ``teacher-forced``, ``synthetic``.
-    """
-
-    tables: dict[str, dict[str, DraftTable]] = field(default_factory=dict)
-    features: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
-    sources: dict[str, str] = field(default_factory=dict)
-
-    def merge(self, other: Counterfactuals) -> Counterfactuals:
-        """Entries of ``other`` replace this one's (per request and proposer); returns self."""
-        for rid, per in other.tables.items():
-            self.tables.setdefault(rid, {}).update(per)
-        for rid, per in other.features.items():
-            self.features.setdefault(rid, {}).update(per)
-        self.sources.update(other.sources)
-        return self
-
-
 def build_counterfactuals(
     trace: Trace,
     *,
@@ -455,8 +424,6 @@ def check_logged(trace: Trace, cf: Counterfactuals, proposer: str) -> dict[str, 
     Returns ``{"compared": n, "equal": n, "same_accepted": n}``: positions where both exist, where the
     drafts are identical, and where they give the same accepted length against the output.
     """
-    from .requests import logged_drafts
-
     outs = outputs_from_trace(trace)
     logged = logged_drafts(trace, outs)
     res = {"compared": 0, "equal": 0, "same_accepted": 0}

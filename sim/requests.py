@@ -7,22 +7,18 @@ tokens. The accepted length of any arm ``(proposer, k)`` at position ``n`` is th
 prefix of that draft's first ``k`` tokens with ``output[n:]``.
 
 :func:`requests_from_trace` rebuilds these from a trace (outputs from the per-step
-``emitted_token_ids``, logged drafts from ``cf_drafts``); :mod:`adaptive_spec.sim.counterfactual`
-fills in the positions a trace did not log.
+``emitted_token_ids``, logged drafts from ``cf_drafts``); the :class:`Counterfactuals` tables that
+:mod:`adaptive_spec.sim.counterfactual` computes fill in the positions a trace did not log.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from adaptive_spec.core.arms import check_proposer_name
 from adaptive_spec.core.trace import Trace
-
-if TYPE_CHECKING:
-    from .counterfactual import Counterfactuals
 
 DraftTable = list[np.ndarray | None]
 """Per output position ``n`` (``0..L-1``): the int64 draft offered there, or None when unknown."""
@@ -184,6 +180,34 @@ class ReplayRequest:
         if m is None or len(self) <= 1:
             return 0.0
         return float((m[1:] >= 0).mean())
+
+
+@dataclass(slots=True)
+class Counterfactuals:
+    """Counterfactual draft tables of a workload.
+
+    Attributes
+    ----------
+    tables : dict
+        ``{req_id: {proposer: DraftTable}}``.
+    features : dict
+        ``{req_id: {proposer: int64 [L]}}``: the ``match_length`` feature per position, where known.
+    sources : dict
+        ``{proposer: source}``, source in ``rerun``, ``logged``, ``teacher-forced``, ``synthetic``.
+    """
+
+    tables: dict[str, dict[str, DraftTable]] = field(default_factory=dict)
+    features: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def merge(self, other: Counterfactuals) -> Counterfactuals:
+        """Entries of ``other`` replace this one's (per request and proposer); returns self."""
+        for rid, per in other.tables.items():
+            self.tables.setdefault(rid, {}).update(per)
+        for rid, per in other.features.items():
+            self.features.setdefault(rid, {}).update(per)
+        self.sources.update(other.sources)
+        return self
 
 
 def matched_length(draft: np.ndarray, target: np.ndarray) -> int:

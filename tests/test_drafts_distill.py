@@ -4,6 +4,7 @@ resume, LoRA training, and the CLI's validation (tiny float32 models on the CPU)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -206,21 +207,19 @@ def _cfg(path, **kw):
     return D.DistillConfig(**base)
 
 
+def _train(draft, model, seqs, cfg, ckpt_dir, params=None):
+    """``train_draft`` of ``params`` (default: every layer of the cut), pad id 2, no progress bar."""
+    if params is None:
+        params = list(draft.model.layers.parameters())
+    return D.train_draft(draft, params, model, seqs, cfg, ckpt_dir, pad_id=2, progress=False)
+
+
 def test_train_resume_matches_uninterrupted(tiny, tmp_path, monkeypatch):
     path, model, tok = tiny
     seqs = D.usable(_data(model, tok), "train")
     torch.manual_seed(0)
     a = D.build_layer_cut(model, 1)
-    ra = D.train_draft(
-        a,
-        list(a.model.layers.parameters()),
-        model,
-        seqs,
-        _cfg(path),
-        tmp_path / "a",
-        pad_id=2,
-        progress=False,
-    )
+    ra = _train(a, model, seqs, _cfg(path), tmp_path / "a")
     assert ra["steps_done"] == 4 and np.isfinite(ra["loss"])
     # Interrupted (Ctrl-C) during step 3: the checkpoint holds steps 1-2 ...
     torch.manual_seed(0)
@@ -233,19 +232,10 @@ def test_train_resume_matches_uninterrupted(tiny, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real_loss(*args, **kwargs)
 
-    monkeypatch.setattr(D, "distill_loss", flaky)
+    monkeypatch.setattr(D.training, "distill_loss", flaky)
     with pytest.raises(KeyboardInterrupt):
-        D.train_draft(
-            b,
-            list(b.model.layers.parameters()),
-            model,
-            seqs,
-            _cfg(path),
-            tmp_path / "b",
-            pad_id=2,
-            progress=False,
-        )
-    monkeypatch.setattr(D, "distill_loss", real_loss)
+        _train(b, model, seqs, _cfg(path), tmp_path / "b")
+    monkeypatch.setattr(D.training, "distill_loss", real_loss)
     assert torch.load(tmp_path / "b" / "train.pt", weights_only=False)["step"] == 2
     # ... and a fresh process (other initial weights, other RNG state) resumes it to the same result.
     torch.manual_seed(123)
@@ -253,16 +243,7 @@ def test_train_resume_matches_uninterrupted(tiny, tmp_path, monkeypatch):
     with torch.no_grad():
         for p in c.model.layers.parameters():
             p.add_(1.0)
-    rc = D.train_draft(
-        c,
-        list(c.model.layers.parameters()),
-        model,
-        seqs,
-        _cfg(path),
-        tmp_path / "b",
-        pad_id=2,
-        progress=False,
-    )
+    rc = _train(c, model, seqs, _cfg(path), tmp_path / "b")
     assert rc["steps_done"] == 4
     for pa, pc in zip(a.model.layers.parameters(), c.model.layers.parameters(), strict=True):
         torch.testing.assert_close(pa, pc)
@@ -272,7 +253,7 @@ def test_train_resume_matches_uninterrupted(tiny, tmp_path, monkeypatch):
 
 def test_check_resume_refuses_other_settings(tmp_path):
     cfg = _cfg("t")
-    (tmp_path / "config.json").write_text(json.dumps(D.asdict(cfg)))
+    (tmp_path / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
     D.check_resume(tmp_path, _cfg("t", steps=99, save_every=7))  # allowed changes
     with pytest.raises(ValueError, match="lr"):
         D.check_resume(tmp_path, _cfg("t", lr=0.5))
@@ -287,16 +268,7 @@ def test_distillation_raises_acceptance(tiny):
     torch.manual_seed(0)
     draft = D.build_layer_cut(model, 1)
     before = D.evaluate(draft, train, device="cpu", pad_id=2, autocast=False)["all"]
-    D.train_draft(
-        draft,
-        list(draft.model.layers.parameters()),
-        model,
-        train,
-        _cfg(path, steps=40, lr=3e-3, batch_size=4),
-        None,
-        pad_id=2,
-        progress=False,
-    )
+    _train(draft, model, train, _cfg(path, steps=40, lr=3e-3, batch_size=4), None)
     after = D.evaluate(draft, train, device="cpu", pad_id=2, autocast=False)["all"]
     assert after.agreement > before.agreement + 0.2
     assert after.tau(4) > before.tau(4) + 0.2
@@ -316,16 +288,7 @@ def test_lora_training_and_roundtrip(tiny, tmp_path):
     # B = 0 at the start: the adapted draft is the base draft.
     same = D.evaluate(draft, train, device="cpu", pad_id=2, autocast=False)["all"]
     assert same.agree == before.agree
-    D.train_draft(
-        draft,
-        params,
-        model,
-        train,
-        _cfg(path, steps=30, lr=5e-3, batch_size=4),
-        None,
-        pad_id=2,
-        progress=False,
-    )
+    _train(draft, model, train, _cfg(path, steps=30, lr=5e-3, batch_size=4), None, params=params)
     after = D.evaluate(draft, train, device="cpu", pad_id=2, autocast=False)["all"]
     assert after.agreement > before.agreement
     # Base weights untouched.
@@ -437,5 +400,5 @@ def test_namespace_defaults_match_config():
 
     args = build_parser().parse_args(["distill", "--out", "x"])
     assert isinstance(args, argparse.Namespace)
-    cfg = D._config(args, Path("t"), None)
+    cfg = D.command._config(args, Path("t"), None)
     assert cfg.teacher == "topk" and cfg.generator == "vllm" and cfg.loss == "kl"

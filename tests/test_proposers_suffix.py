@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adaptive_spec.proposers import ProposalRequest, SuffixProposer
-from adaptive_spec.proposers.suffix import _ScanIndex, _TrieIndex
+from adaptive_spec.proposers.suffix_index import ScanIndex, TrieIndex
 
 
 def _req(rid: str, toks, budget: int = 100, vocab: int = 1000) -> ProposalRequest:
@@ -154,7 +154,7 @@ def test_real_prompts_give_drafts_from_other_requests() -> None:
 
 
 # -- the index itself ----------------------------------------------------------------------------
-def _strings(tr: _TrieIndex, u: int = 0, pre: tuple = ()):
+def _strings(tr: TrieIndex, u: int = 0, pre: tuple = ()):
     """(string, count, node-or-leaf) for every string the trie represents."""
     for x, c in tr._ch[u].items():
         s = (*pre, x)
@@ -173,7 +173,7 @@ def _strings(tr: _TrieIndex, u: int = 0, pre: tuple = ()):
             s = (*s, text[i])
 
 
-def _node_of(tr: _TrieIndex, s: tuple) -> int | None:
+def _node_of(tr: TrieIndex, s: tuple) -> int | None:
     u = 0
     for x in s:
         c = tr._ch[u].get(x)
@@ -187,7 +187,7 @@ def _node_of(tr: _TrieIndex, s: tuple) -> int | None:
 def test_trie_counts_every_substring_exactly(seed) -> None:
     rng = random.Random(seed)
     depth, vocab = rng.randrange(2, 7), rng.choice([2, 3, 5])
-    tr = _TrieIndex(depth)
+    tr = TrieIndex(depth)
     texts: dict[int, list[int]] = {}
     live: list[int] = []
     for op in range(50):
@@ -238,7 +238,7 @@ def test_trie_counts_every_substring_exactly(seed) -> None:
 
 
 def test_reference_counts_by_brute_force() -> None:
-    ix = _ScanIndex(4)
+    ix = ScanIndex(4)
     ix.add(0)
     ix.extend(0, [1, 2, 3, 1, 2, 4, 1, 2])
     assert ix.next_counts([1, 2]) == {3: 1, 4: 1}
@@ -291,13 +291,13 @@ def test_history_change_under_the_same_id_starts_over() -> None:
 
 def test_only_new_tokens_are_indexed_each_step(monkeypatch) -> None:
     seen: list[int] = []
-    orig = _TrieIndex.extend
+    orig = TrieIndex.extend
 
     def spy(self, sid, tokens):
         seen.append(len(tokens))
         return orig(self, sid, tokens)
 
-    monkeypatch.setattr(_TrieIndex, "extend", spy)
+    monkeypatch.setattr(TrieIndex, "extend", spy)
     for local, per in (("always", 2), ("fallback", 1)):  # local + global, or global only
         p = SuffixProposer(max_k=4, local=local)
         toks = list(np.random.default_rng(0).integers(0, 50, 300))

@@ -151,7 +151,7 @@ def test_tenant_scope_needs_the_tenants(tmp_path: Path) -> None:
 
 
 def test_bench_module_measures_cost_and_coverage(tmp_path: Path, capsys) -> None:
-    from adaptive_spec.proposers import bench_suffix
+    from adaptive_spec.commands.bench import suffix as bench_suffix
 
     path = tmp_path / "t.jsonl"
     record_engine_like_trace(path)

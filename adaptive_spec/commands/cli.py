@@ -24,7 +24,7 @@ SUBCOMMANDS = (
     ("record", "adaptive_spec.commands.record"),
     ("bench", "adaptive_spec.commands.bench.command"),
     ("calibrate", "adaptive_spec.commands.calibrate"),
-    ("distill", "adaptive_spec.commands.distill"),
+    ("distill", "adaptive_spec.commands.distill.command"),
 )
 
 

@@ -35,10 +35,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from adaptive_spec.commands.generation import GenerationJob, RunResult, generate
 from adaptive_spec.core.baselines import default_baseline_spec
 
 
@@ -49,34 +49,32 @@ def _median(xs: list[float]) -> float | None:
 
 def compare_in_engine(
     console: Any,
-    llm: Any,
+    job: GenerationJob,
     args: Any,
-    proposers: list[str],
-    adapters: dict[str, Any],
-    token_ids: list[list[int]],
-    params: Any,
     reference: list[Any],
-    category_of: Callable[[Any], str | None],
-    run_adaptive: Callable[[bool, Any], tuple[list[Any], float, dict[str, Any]]],
     state: Any,
     prompts: list[Any],
     nospec_llm: Any = None,
 ) -> tuple[list[Any], float, dict[str, Any], dict[str, Any]]:
-    """Run the rounds (module docstring). Returns the traced adaptive run after them (outputs, wall
-    time, stats) and the results: per configuration the goodput per round, medians, paired ratios to
-    ``none``, to the baseline and (with ``nospec_llm``, the engine without speculative decoding built
-    in this process) to ``nospec``, greedy identity, and how the engine without speculative decoding
-    was measured."""
-    from adaptive_spec.commands.identity import compare_greedy
-    from adaptive_spec.vllm import AdaptiveSpec
+    """Run the rounds (module docstring) of ``job``'s prompts. Returns the traced adaptive run after
+    them (outputs, wall time, stats) and the results: per configuration the goodput per round,
+    medians, paired ratios to ``none``, to the baseline and (with ``nospec_llm``, the engine without
+    speculative decoding built in this process) to ``nospec``, greedy identity, and how the engine
+    without speculative decoding was measured.
 
+    ``reference`` holds the warm-up pass's outputs (the greedy reference), ``state`` the adaptive
+    controller's starting state (a file, ``"auto"`` or None) and ``prompts`` the workload's prompts
+    (for the engine without speculative decoding in a worker process)."""
+    from adaptive_spec.commands.identity import compare_greedy
+
+    llm, proposers = job.llm, job.proposers
     greedy = args.temperature == 0
     baseline = args.baseline or default_baseline_spec(proposers, args.max_k)
     names = ["none", baseline, "adaptive"] + (["nospec"] if nospec_llm is not None else [])
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     texts: dict[tuple[str, int], list[Any]] = {}  # (configuration, round) -> its outputs
     snapshot = _state_snapshot(llm, args, proposers, state)
-    last: tuple[list[Any], float, dict[str, Any]] | None = None
+    last: RunResult | None = None
     last_state: Path | None = None
     work = Path(tempfile.mkdtemp(prefix="adaptive-spec-compare-"))
 
@@ -96,26 +94,12 @@ def compare_in_engine(
                 console.print(f"[bold]round {r + 1}/{args.repeats}[/]: {name}")
                 if name == "adaptive":
                     tmp = state_copy(f"state_r{r}.json")
-                    outs, wall, stats = run_adaptive(False, tmp)
+                    outs, wall, stats = job.run_adaptive(False, tmp)
                     last_state = tmp
                 elif name == "nospec":
-                    outs, wall, stats = _run_plain(nospec_llm, token_ids, params)
+                    outs, wall, stats = _run_plain(nospec_llm, job.token_ids, job.params)
                 else:
-                    spec = AdaptiveSpec(
-                        llm,
-                        static_proposers(name, proposers),
-                        policy=name,
-                        policy_state=None,
-                        category_of=category_of,
-                        lora_adapters=adapters,
-                    )
-                    try:
-                        from adaptive_spec.commands.run import generate
-
-                        outs, wall = generate(llm, token_ids, params)
-                    finally:
-                        spec.detach()
-                    stats = spec.stats()
+                    outs, wall, stats = job.run_static(name, static_proposers(name, proposers))
                 n = sum(len(o.outputs[0].token_ids) for o in outs)
                 run = {"round": r, "wall_s": wall, "output_tokens": n, "goodput_tok_s": n / wall}
                 texts[(name, r)] = outs
@@ -152,7 +136,7 @@ def compare_in_engine(
         # trace costs the run time the untraced configurations do not pay (its JSON lines are
         # written inside the step loop: about 0.2 ms per step at concurrency 16 on 2 CPU cores).
         console.print("traced run: adaptive (for the per-category table, trace and plot; untimed)")
-        last = run_adaptive(True, state_copy("state_traced.json"))
+        last = job.run_adaptive(True, state_copy("state_traced.json"))
         if snapshot is not None and last_state is not None and last_state.exists():
             snapshot.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(last_state, snapshot)
@@ -177,11 +161,10 @@ def compare_in_engine(
     return last[0], last[1], last[2], results
 
 
-def _run_plain(llm: Any, token_ids: list[list[int]], params: Any) -> tuple[list[Any], float, dict]:
+def _run_plain(llm: Any, token_ids: list[list[int]], params: Any) -> RunResult:
     """One timed pass on the engine without speculative decoding, counted without changing it
     (:class:`~adaptive_spec.commands.bench.worker.PassiveCounter`); the stats a comparison run needs."""
     from adaptive_spec.commands.bench.worker import PassiveCounter
-    from adaptive_spec.commands.run import generate
 
     counter = PassiveCounter(llm)
     try:

@@ -15,11 +15,11 @@ import logging
 import math
 import os
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import Any
 
+from adaptive_spec.commands.generation import GenerationJob, encode_prompts, generate
 from adaptive_spec.commands.workloads import WORKLOADS
 from adaptive_spec.core.machine import dtype_arg
 
@@ -422,20 +422,6 @@ def build_engine(
     )
 
 
-def encode_prompts(llm: Any, prompts: list[Any]) -> list[list[int]]:
-    """Apply the model's chat template to each prompt and return token ids."""
-    from adaptive_spec.commands.workloads import chat_token_ids
-
-    return chat_token_ids(llm.get_tokenizer(), [p.text for p in prompts])
-
-
-def generate(llm: Any, token_ids: list[list[int]], params: Any) -> tuple[list[Any], float]:
-    """Generate for all prompts (with vLLM's progress bar); returns outputs and wall time (s)."""
-    t0 = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": t} for t in token_ids], params, use_tqdm=True)
-    return outs, time.perf_counter() - t0
-
-
 def main(args: argparse.Namespace) -> int:
     """Run the main job. Returns 0, or 2 after one line on stderr naming a bad flag (with the traceback
     under ``--verbose``); the flags are checked before vLLM is imported or the engine built."""
@@ -481,11 +467,6 @@ def main(args: argparse.Namespace) -> int:
                 e,
             )
     token_ids = encode_prompts(llm, prompts)
-    cats = {tuple(t): p.category for t, p in zip(token_ids, prompts, strict=True)}
-
-    def category_of(ids: Any) -> str | None:
-        return cats.get(tuple(ids))
-
     params = sampling_params(
         temperature=args.temperature, max_tokens=args.max_tokens, seed=request_seed(args.seed)
     )
@@ -514,44 +495,25 @@ def main(args: argparse.Namespace) -> int:
     state = None if args.no_state else (args.state or "auto")
     trace_path = out_dir / "trace.jsonl"
     results: dict[str, Any] = {}
-
-    def run_adaptive(traced: bool, policy_state: Any) -> tuple[list[Any], float, dict[str, Any]]:
-        spec = AdaptiveSpec(
-            llm,
-            proposers,
-            policy=args.policy,
-            trace=trace_path if traced else None,
-            policy_state=policy_state,
-            category_of=category_of,
-            seed=args.seed,
-            lora_adapters=adapters,
-            **({"baseline": args.baseline} if args.baseline else {}),
-        )
-        try:
-            outs, wall = generate(llm, token_ids, params)
-        finally:
-            spec.detach()
-        return outs, wall, spec.stats()
-
+    job = GenerationJob(
+        llm,
+        proposers,
+        adapters,
+        token_ids,
+        params,
+        categories={tuple(t): p.category for t, p in zip(token_ids, prompts, strict=True)},
+        policy=args.policy,
+        seed=args.seed,
+        trace_path=trace_path,
+        baseline=args.baseline,
+    )
     if not args.compare_static:
-        outs, wall, stats = run_adaptive(True, state)
+        outs, wall, stats = job.run_adaptive(True, state)
     else:
         from adaptive_spec.commands.compare_static import compare_in_engine
 
         outs, wall, stats, results["comparison"] = compare_in_engine(
-            console,
-            llm,
-            args,
-            proposers,
-            adapters,
-            token_ids,
-            params,
-            reference,
-            category_of,
-            run_adaptive,
-            state,
-            prompts,
-            nospec_llm,
+            console, job, args, reference, state, prompts, nospec_llm
         )
     n_tok = sum(len(o.outputs[0].token_ids) for o in outs)
     results["adaptive"] = {

@@ -1,0 +1,198 @@
+"""The training loop: AdamW with linear warm-up then cosine decay, checkpoints written atomically every
+``save_every`` steps and on Ctrl-C / SIGTERM, and exact resumption (parameters, optimiser, schedule,
+step, RNG state and history; batches drawn per step from seeded epochs)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import DistillConfig
+from .forward import bf16_autocast, final_hidden
+from .loss import distill_loss
+from .sequences import TokenSequence, collate
+from .teacher import teacher_batch
+
+logger = logging.getLogger("adaptive_spec.commands.distill")
+
+
+def batch_order(n: int, batch_size: int, step: int, seed: int) -> list[int]:
+    """Indices of the sequences in training batch ``step``: epochs of a seeded permutation, so a resumed
+    run sees exactly the batches it would have seen."""
+    per_epoch = max(1, n // batch_size)
+    epoch, i = divmod(step, per_epoch)
+    perm = np.random.default_rng(seed * 100003 + epoch).permutation(n)
+    return [int(j) for j in perm[i * batch_size : (i + 1) * batch_size]]
+
+
+class _Interrupt:
+    """Turns SIGTERM into KeyboardInterrupt while training, so a checkpoint is written."""
+
+    def __enter__(self) -> _Interrupt:
+        self._old = None
+        with contextlib.suppress(ValueError):  # not the main thread
+            self._old = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc: object) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    import torch
+
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def train_draft(
+    draft: Any,
+    params: list[Any],
+    target: Any,
+    train: Sequence[TokenSequence],
+    cfg: DistillConfig,
+    ckpt_dir: Path | None,
+    *,
+    pad_id: int,
+    teacher_cache: dict[int, Any] | None = None,
+    progress: bool = True,
+    time_budget_s: float | None = None,
+) -> dict[str, Any]:
+    """Train ``params`` of ``draft`` for ``cfg.steps`` steps (AdamW, linear warm-up then cosine decay,
+    gradient clipping at 1), resuming from ``ckpt_dir/train.pt`` if present.
+
+    Parameters
+    ----------
+    teacher_cache : dict, optional
+        Sequence index -> the target's final hidden states of its training window (bf16 [T, H]).
+    time_budget_s : float, optional
+        Stop (with a checkpoint) after this much wall time.
+
+    Returns
+    -------
+    dict
+        ``steps_done``, ``seconds``, ``loss`` and ``agree`` (means over the last 20 steps), ``history``.
+
+    Raises
+    ------
+    ValueError
+        If there is no training data.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    if not train:
+        raise ValueError(
+            "no training sequences (every prompt was too long or produced no continuation)"
+        )
+    dev = cfg.device
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup:
+            return (step + 1) / max(cfg.warmup, 1)
+        prog = (step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1)
+        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(prog, 1.0)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    step, history = 0, []
+    path = ckpt_dir / "train.pt" if ckpt_dir is not None else None
+    if ckpt_dir is not None:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+    if path is not None and path.exists():
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        with torch.no_grad():
+            for p, v in zip(params, state["params"], strict=True):
+                p.copy_(v.to(p.device))
+        opt.load_state_dict(state["optim"])
+        sched.load_state_dict(state["sched"])
+        step, history = int(state["step"]), list(state["history"])
+        torch.set_rng_state(state["rng"])
+        logger.info("resumed training at step %d from %s", step, path)
+
+    def save() -> None:
+        if path is None:
+            return
+        _atomic_save(
+            {
+                "params": [p.detach().cpu() for p in params],
+                "optim": opt.state_dict(),
+                "sched": sched.state_dict(),
+                "step": step,
+                "history": history,
+                "rng": torch.get_rng_state(),
+                "config": asdict(cfg),
+            },
+            path,
+        )
+
+    head_w = target.lm_head.weight
+    t0 = time.perf_counter()
+    bar = tqdm(total=cfg.steps, initial=step, desc="distill", disable=not progress)
+    save_every = cfg.save_every
+    draft.train()
+    with _Interrupt():
+        try:
+            while step < cfg.steps:
+                idx = batch_order(len(train), cfg.batch_size, step, cfg.seed)
+                batch = [train[i] for i in idx]
+                ids, att, lm = collate(batch, cfg.seq_len, pad_id)
+                ids, att, lm = ids.to(dev), att.to(dev), lm.to(dev)
+                sel = lm.nonzero(as_tuple=True)
+                nxt = ids[sel[0], sel[1] + 1]
+                teacher = teacher_batch(cfg, target, batch, idx, ids, att, sel, teacher_cache)
+                with bf16_autocast(dev, cfg.autocast):
+                    sh = final_hidden(draft, ids, att)[sel]
+                    loss, st = distill_loss(
+                        sh,
+                        teacher.hidden,
+                        head_w,
+                        nxt,
+                        loss=cfg.loss,
+                        temperature=cfg.temperature,
+                        teacher_topk=teacher.topk,
+                    )
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+                sched.step()
+                step += 1
+                history.append((step, float(loss.detach()), st["agree"]))
+                bar.update(1)
+                bar.set_postfix(loss=f"{float(loss.detach()):.3f}", agree=f"{st['agree']:.3f}")
+                if step % save_every == 0:
+                    save()
+                if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+                    logger.warning("time budget of %.0f s reached at step %d", time_budget_s, step)
+                    break
+        except KeyboardInterrupt:
+            save()
+            bar.close()
+            raise
+    save()
+    bar.close()
+    tail = history[-20:]
+    return {
+        "steps_done": step,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "loss": float(np.mean([h[1] for h in tail])) if tail else None,
+        "agree": float(np.mean([h[2] for h in tail])) if tail else None,
+        "history": history,
+    }
