@@ -141,3 +141,22 @@ def test_the_check_sees_a_wrong_import(tmp_path: Path) -> None:
             test_imports_run_one_way(bad)
     finally:
         bad.unlink()
+
+
+def test_every_package_is_installed() -> None:
+    """pyproject lists its packages by name: a new folder that is missing there would be left out of a
+    built wheel (an editable install finds it anyway, so only this test notices)."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    found = set()
+    for folder in ("adaptive_spec", "kernels", "bandits", "sim"):
+        for init in (ROOT / folder).rglob("__init__.py"):
+            found.add(dotted_name(init))
+    assert found - listed == set(), (
+        f"add these packages to pyproject.toml: {sorted(found - listed)}"
+    )
+    assert listed - found == set(), (
+        f"pyproject.toml lists packages that do not exist: {sorted(listed - found)}"
+    )
