@@ -162,7 +162,7 @@ class AdaptiveSpec:
         lora_adapters: Mapping[str, Any] | None = None,
         suffix: Mapping[str, Any] | None = None,
     ) -> None:
-        # -- checks at attach time: nothing in the engine changes before they all pass ----------
+        # -- checks at attach time (adaptive_spec.vllm.checks): version, arguments, engine, proposers
         vllm_version = check_vllm_version()
         check_args(
             proposers,
