@@ -9,7 +9,8 @@ Persistence: every ``save_every_steps`` engine steps or ``save_every_s`` seconds
 after each step) the engine thread serialises the policy state to a JSON string (tens of microseconds for
 the default controller) and hands it to a background thread (:class:`_Writer`), which writes it
 atomically (:func:`adaptive_spec.core.state.write_policy_state`). A final save happens at shutdown, after
-the background thread has finished. Stale temporary files of a killed save are removed at start. A state
+the background thread has finished; under vLLM's default ``--shutdown-timeout 0`` the API server is made
+to wait for it (:func:`adaptive_spec.vllm.plugin.registration._patch_shutdown_grace`). Stale temporary files of a killed save are removed at start. A state
 file that is corrupt or does not fit (other proposers, ``max_k``, policy) is refused with a log line,
 moved aside to ``<file>.refused-<unix time>``, and the controller starts fresh.
 
