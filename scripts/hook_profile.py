@@ -38,10 +38,10 @@ TIMED = (
     ("adaptive_spec.core.cost_model", "StepCostModel", "refresh", "cost.refresh"),
     ("adaptive_spec.proposers.ngram", "NgramProposer", "propose", "ngram.propose"),
     ("adaptive_spec.proposers.jacobi", "JacobiProposer", "propose", "jacobi.propose"),
-    ("adaptive_spec.vllm.attach", "AdaptiveSpec", "_pre_update", "_pre_update"),
-    ("adaptive_spec.vllm.attach", "AdaptiveSpec", "_post_update", "_post_update"),
-    ("adaptive_spec.vllm.attach", "AdaptiveSpec", "_assign_drafts", "_assign_drafts"),
-    ("adaptive_spec.vllm.attach", "AdaptiveSpec", "_record_argmax", "_record_argmax"),
+    ("adaptive_spec.vllm.hooks", "StepHooks", "_pre_update", "_pre_update"),
+    ("adaptive_spec.vllm.hooks", "StepHooks", "_post_update", "_post_update"),
+    ("adaptive_spec.vllm.hooks", "StepHooks", "_assign_drafts", "_assign_drafts"),
+    ("adaptive_spec.vllm.hooks", "StepHooks", "_record_argmax", "_record_argmax"),
 )
 
 

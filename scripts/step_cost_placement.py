@@ -110,7 +110,7 @@ def main() -> int:
     core, sched = spec.core, spec.core.scheduler
     ids = [f"adaptive-spec-calibration-{uuid.uuid4().hex[:12]}" for _ in range(args.batch)]
     cal.req_ids = set(ids)
-    spec._calib = cal
+    spec.hooks.calibration = cal
     try:
         for rid in ids:
             prompt = [
@@ -124,7 +124,7 @@ def main() -> int:
             core.post_step(executed)
         wall = time.perf_counter() - t0
     finally:
-        spec._calib = None
+        spec.hooks.calibration = None
         spec.detach()
     by: dict[tuple[int, ...], list[float]] = {}
     for placement, s in cal.samples:

@@ -227,10 +227,12 @@ def test_bad_step_times_through_the_engine(tiny_llm, tmp_path):
             i = len(injected)
             injected.append(i % 3)
             if i % 3 == 1:
-                spec._tau_prev = spec._t_schedule = math.nan
+                spec.hooks.clock.tau_prev = spec.hooks.clock.t_schedule = math.nan
             elif i % 3 == 2:
                 # the clock runs backwards
-                spec._tau_prev = spec._t_schedule = time.perf_counter() + 1000.0
+                spec.hooks.clock.tau_prev = spec.hooks.clock.t_schedule = (
+                    time.perf_counter() + 1000.0
+                )
             return out
 
         spec.scheduler.schedule = schedule

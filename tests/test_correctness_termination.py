@@ -147,7 +147,7 @@ def test_stop_string_inside_accepted_chunk(tiny_llm, ref, tmp_path):
     strict=True,
     reason="AdaptiveSpec counts tokens the engine core accepted past a stop string: the front end "
     "(detokenizer) truncates them after update_from_output and then aborts the request, which the "
-    "engine-core hooks cannot see (adaptive_spec/vllm/attach.py _post_update: emitted = "
+    "engine-core hooks cannot see (adaptive_spec/vllm/hooks.py _post_update: emitted = "
     "r.output_token_ids[n_before:]). Needs a hook on the output processor (in-process only).",
 )
 def test_stop_string_tokens_not_counted_in_metrics(tiny_llm, ref, tmp_path):
@@ -200,7 +200,7 @@ def test_min_tokens_counts_tokens_accepted_in_the_same_step(tiny_llm, ref, tmp_p
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the trace's target_argmax is the argmax of the raw logits (adaptive_spec/vllm/attach.py "
+    reason="the trace's target_argmax is the argmax of the raw logits (adaptive_spec/vllm/hooks.py "
     "_record_argmax, called before vLLM's logits processors): with min_tokens masking the stop token, "
     "target_argmax names the masked token while the target emits another one",
 )

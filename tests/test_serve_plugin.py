@@ -321,7 +321,7 @@ def test_register_with_switch_patches_once(tmp_path):
         "from vllm.engine.arg_utils import EngineArgs\n"
         "from prometheus_client import REGISTRY\n"
         "loop, cfg = EngineCoreProc.run_busy_loop, EngineArgs.create_engine_config\n"
-        "plugin._registered = False\n"
+        "plugin.registration._registered = False  # past the once-per-process guard\n"
         "plugin.register()\n"
         "cols = [c for c in REGISTRY._collector_to_names if type(c).__name__ == 'SnapshotCollector']\n"
         "print(loop._adaptive_spec_wrapped, cfg._adaptive_spec_wrapped,"

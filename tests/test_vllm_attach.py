@@ -183,7 +183,7 @@ def test_engine_ngram_drafter_runs_only_for_a_failed_decision(tiny_llm, referenc
 
 def test_refusals(tiny_llm, monkeypatch):
     from adaptive_spec.vllm import AdaptiveSpec, AttachError
-    from adaptive_spec.vllm import attach as attach_mod
+    from adaptive_spec.vllm.checks import model_runner
 
     with pytest.raises(ValueError, match="proposer='magic'"):
         AdaptiveSpec(tiny_llm, ["none", "magic"])
@@ -207,7 +207,7 @@ def test_refusals(tiny_llm, monkeypatch):
         )
     )
     with pytest.raises(AttachError, match="V2 model runner"):
-        attach_mod._model_runner(core)
+        model_runner(core)
     monkeypatch.setattr(vllm, "__version__", "0.31.9")
     with pytest.raises(AttachError, match=r"supports vLLM 0\.32\.0 exactly"):
         AdaptiveSpec(tiny_llm)

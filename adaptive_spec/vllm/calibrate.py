@@ -236,36 +236,33 @@ def calibrate(
     rng = np.random.default_rng(seed)
     cal = Calibration(spec.max_k, spec.vocab_size)
     t0 = time.perf_counter()
-    spec._calib = cal
     temperatures = (0.0, 1.0) if sampled else (0.0,)
     by_temp: dict[float, list[tuple[int, int, int, float]]] = {t: [] for t in temperatures}
     # vLLM's admission limit (``max_num_active_seqs``) may hold RUNNING below ``max_num_seqs``: a
     # batch of B dummy requests would then run as a smaller one and the table would price every
     # larger batch as that one. Lifted while measuring, restored after.
     limit = getattr(sched, "max_num_active_reqs", None)
-    try:
-        if limit is not None:
-            sched.max_num_active_reqs = max(int(limit), max_seqs)
-        for B in batch_sizes:
-            for temp in temperatures:  # back to back, so that drift barely separates the two
-                cal.samples = by_temp[temp]
-                _measure_batch(
-                    core,
-                    sched,
-                    cal,
-                    rng,
-                    spec,
-                    B,
-                    repeats,
-                    prompt_lengths(B, prompt_len, room),
-                    temp,
-                )
-    finally:
-        if limit is not None:
-            sched.max_num_active_reqs = limit
-        spec._calib = None
-        spec._tau_prev = None
-        spec._busy_prev = False
+    with spec.hooks.calibrating(cal):
+        try:
+            if limit is not None:
+                sched.max_num_active_reqs = max(int(limit), max_seqs)
+            for B in batch_sizes:
+                for temp in temperatures:  # back to back, so that drift barely separates the two
+                    cal.samples = by_temp[temp]
+                    _measure_batch(
+                        core,
+                        sched,
+                        cal,
+                        rng,
+                        spec,
+                        B,
+                        repeats,
+                        prompt_lengths(B, prompt_len, room),
+                        temp,
+                    )
+        finally:
+            if limit is not None:
+                sched.max_num_active_reqs = limit
     seen = {int(b) for b, _, p, _ in by_temp[0.0] if p == 0}
     missing = [b for b in batch_sizes if b not in seen]
     if missing:

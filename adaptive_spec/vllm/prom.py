@@ -113,6 +113,7 @@ def metrics_snapshot(
         }
         for p, s in list(metrics.by_proposer.items())
     }
+    st = state or {}
     return {
         "format": SNAPSHOT_FORMAT,
         "version": SNAPSHOT_VERSION,
@@ -134,10 +135,10 @@ def metrics_snapshot(
         "estimated_acceptance": {str(k): float(v) for k, v in (estimated_acceptance or {}).items()},
         "policy_learned_steps": None if policy_learned_steps is None else int(policy_learned_steps),
         "state": {
-            "loaded": bool((state or {}).get("loaded", False)),
-            "saves": int((state or {}).get("saves", 0)),
-            "save_failures": int((state or {}).get("save_failures", 0)),
-            "last_save_time": (state or {}).get("last_save_time"),
+            "loaded": bool(st.get("loaded", False)),
+            "saves": int(st.get("saves", 0)),
+            "save_failures": int(st.get("save_failures", 0)),
+            "last_save_time": st.get("last_save_time"),
         },
     }
 
@@ -195,85 +196,114 @@ def read_snapshots(directory: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+#: The metric families, in the order they are exposed: short name -> (type, name without the prefix,
+#: help text, labels).
+_FAMILIES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
+    "info": (
+        "gauge",
+        "info",
+        "Adaptive speculation configuration (value 1).",
+        ("engine", "policy", "proposers", "max_k", "engine_method"),
+    ),
+    "arms": (
+        "counter",
+        "arm_choices",
+        "Request-steps verified with each arm (proposer, k); proposer none, k 0 is plain decoding.",
+        ("engine", "proposer", "k"),
+    ),
+    "drafted": (
+        "counter",
+        "drafted_tokens",
+        "Draft tokens verified, by proposer.",
+        ("engine", "proposer"),
+    ),
+    "accepted": (
+        "counter",
+        "accepted_tokens",
+        "Draft tokens accepted by verification, by proposer.",
+        ("engine", "proposer"),
+    ),
+    "emitted": (
+        "counter",
+        "emitted_tokens",
+        "Tokens committed (after EOS/stop/length truncation), by the proposer of the step.",
+        ("engine", "proposer"),
+    ),
+    "est": (
+        "gauge",
+        "estimated_acceptance",
+        "Controller's estimated first-position acceptance probability for a neutral request (0..1).",
+        ("engine", "proposer"),
+    ),
+    "step": (
+        "summary",
+        "step_time_seconds",
+        "Engine step wall time excluding the controller (seconds).",
+        ("engine",),
+    ),
+    "ctrl": (
+        "summary",
+        "controller_time_seconds",
+        "Controller time per engine step (seconds).",
+        ("engine",),
+    ),
+    "faults": (
+        "counter",
+        "controller_faults",
+        "Controller exceptions; each step affected used the engine's own drafts.",
+        ("engine",),
+    ),
+    "learned": (
+        "gauge",
+        "policy_learned_steps",
+        "Engine steps the policy has learned from, including those of a loaded state.",
+        ("engine",),
+    ),
+    "loaded": (
+        "gauge",
+        "state_loaded",
+        "1 if the policy state was loaded from the state file at start, else 0.",
+        ("engine",),
+    ),
+    "saves": ("counter", "state_saves", "Policy-state files written.", ("engine",)),
+    "save_failures": (
+        "counter",
+        "state_save_failures",
+        "Policy-state writes that failed.",
+        ("engine",),
+    ),
+    "last_save": (
+        "gauge",
+        "state_last_save_timestamp_seconds",
+        "Unix time of the last policy-state write (seconds).",
+        ("engine",),
+    ),
+    "snap_time": (
+        "gauge",
+        "snapshot_timestamp_seconds",
+        "Unix time at which the engine core wrote the counters shown (seconds).",
+        ("engine",),
+    ),
+}
+
+
 def families(snapshots: list[Mapping[str, Any]]) -> Iterator[Any]:
     """Prometheus metric families (``prometheus_client.core`` objects) for ``snapshots``."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
-    info = GaugeMetricFamily(
-        PREFIX + "info",
-        "Adaptive speculation configuration (value 1).",
-        labels=["engine", "policy", "proposers", "max_k", "engine_method"],
-    )
-    arms = CounterMetricFamily(
-        PREFIX + "arm_choices",
-        "Request-steps verified with each arm (proposer, k); proposer none, k 0 is plain decoding.",
-        labels=["engine", "proposer", "k"],
-    )
-    drafted = CounterMetricFamily(
-        PREFIX + "drafted_tokens",
-        "Draft tokens verified, by proposer.",
-        labels=["engine", "proposer"],
-    )
-    accepted = CounterMetricFamily(
-        PREFIX + "accepted_tokens",
-        "Draft tokens accepted by verification, by proposer.",
-        labels=["engine", "proposer"],
-    )
-    emitted = CounterMetricFamily(
-        PREFIX + "emitted_tokens",
-        "Tokens committed (after EOS/stop/length truncation), by the proposer of the step.",
-        labels=["engine", "proposer"],
-    )
-    est = GaugeMetricFamily(
-        PREFIX + "estimated_acceptance",
-        "Controller's estimated first-position acceptance probability for a neutral request (0..1).",
-        labels=["engine", "proposer"],
-    )
-    step = SummaryMetricFamily(
-        PREFIX + "step_time_seconds",
-        "Engine step wall time excluding the controller (seconds).",
-        labels=["engine"],
-    )
-    ctrl = SummaryMetricFamily(
-        PREFIX + "controller_time_seconds",
-        "Controller time per engine step (seconds).",
-        labels=["engine"],
-    )
-    faults = CounterMetricFamily(
-        PREFIX + "controller_faults",
-        "Controller exceptions; each step affected used the engine's own drafts.",
-        labels=["engine"],
-    )
-    learned = GaugeMetricFamily(
-        PREFIX + "policy_learned_steps",
-        "Engine steps the policy has learned from, including those of a loaded state.",
-        labels=["engine"],
-    )
-    loaded = GaugeMetricFamily(
-        PREFIX + "state_loaded",
-        "1 if the policy state was loaded from the state file at start, else 0.",
-        labels=["engine"],
-    )
-    saves = CounterMetricFamily(
-        PREFIX + "state_saves", "Policy-state files written.", labels=["engine"]
-    )
-    save_failures = CounterMetricFamily(
-        PREFIX + "state_save_failures", "Policy-state writes that failed.", labels=["engine"]
-    )
-    last_save = GaugeMetricFamily(
-        PREFIX + "state_last_save_timestamp_seconds",
-        "Unix time of the last policy-state write (seconds).",
-        labels=["engine"],
-    )
-    snap_time = GaugeMetricFamily(
-        PREFIX + "snapshot_timestamp_seconds",
-        "Unix time at which the engine core wrote the counters shown (seconds).",
-        labels=["engine"],
-    )
+    kinds = {
+        "counter": CounterMetricFamily,
+        "gauge": GaugeMetricFamily,
+        "summary": SummaryMetricFamily,
+    }
+    f = {
+        key: kinds[kind](PREFIX + name, doc, labels=list(labels))
+        for key, (kind, name, doc, labels) in _FAMILIES.items()
+    }
     for s in snapshots:
         e = str(s["engine"])
         i = s.get("info", {})
-        info.add_metric(
+        f["info"].add_metric(
             [
                 e,
                 str(i.get("policy", "")),
@@ -287,43 +317,26 @@ def families(snapshots: list[Mapping[str, Any]]) -> Iterator[Any]:
             proposer, _, k = arm.rpartition(":")
             if not proposer:  # "none"
                 proposer, k = arm, "0"
-            arms.add_metric([e, proposer, k], float(n))
+            f["arms"].add_metric([e, proposer, k], float(n))
         for p, c in sorted(s.get("proposers", {}).items()):
-            drafted.add_metric([e, p], float(c.get("drafted", 0)))
-            accepted.add_metric([e, p], float(c.get("accepted", 0)))
-            emitted.add_metric([e, p], float(c.get("emitted", 0)))
+            for key in ("drafted", "accepted", "emitted"):
+                f[key].add_metric([e, p], float(c.get(key, 0)))
         for p, v in sorted(s.get("estimated_acceptance", {}).items()):
-            est.add_metric([e, p], float(v))
+            f["est"].add_metric([e, p], float(v))
         steps = float(s.get("steps", 0))
-        step.add_metric([e], count_value=steps, sum_value=float(s.get("step_time_s", 0.0)))
-        ctrl.add_metric([e], count_value=steps, sum_value=float(s.get("controller_time_s", 0.0)))
-        faults.add_metric([e], float(s.get("faults", 0)))
+        for key, field in (("step", "step_time_s"), ("ctrl", "controller_time_s")):
+            f[key].add_metric([e], count_value=steps, sum_value=float(s.get(field, 0.0)))
+        f["faults"].add_metric([e], float(s.get("faults", 0)))
         if s.get("policy_learned_steps") is not None:
-            learned.add_metric([e], float(s["policy_learned_steps"]))
+            f["learned"].add_metric([e], float(s["policy_learned_steps"]))
         st = s.get("state", {})
-        loaded.add_metric([e], 1.0 if st.get("loaded") else 0.0)
-        saves.add_metric([e], float(st.get("saves", 0)))
-        save_failures.add_metric([e], float(st.get("save_failures", 0)))
+        f["loaded"].add_metric([e], 1.0 if st.get("loaded") else 0.0)
+        f["saves"].add_metric([e], float(st.get("saves", 0)))
+        f["save_failures"].add_metric([e], float(st.get("save_failures", 0)))
         if st.get("last_save_time") is not None:
-            last_save.add_metric([e], float(st["last_save_time"]))
-        snap_time.add_metric([e], float(s.get("time", 0.0)))
-    yield from (
-        info,
-        arms,
-        drafted,
-        accepted,
-        emitted,
-        est,
-        step,
-        ctrl,
-        faults,
-        learned,
-        loaded,
-        saves,
-        save_failures,
-        last_save,
-        snap_time,
-    )
+            f["last_save"].add_metric([e], float(st["last_save_time"]))
+        f["snap_time"].add_metric([e], float(s.get("time", 0.0)))
+    yield from f.values()
 
 
 class SnapshotCollector:
