@@ -356,7 +356,9 @@ def recovered_tokens(
 
     ``num_draft_tokens``: per request (list of ``B`` ints); ``draft_token_ids``: int [T] (T = their
     sum), the drafts back to back; ``draft_probs``: float32 [T, vocab] or None for a deterministic
-    proposer (q one-hot on the draft token: the residual is p without it); ``target_probs``: float32
+    proposer (q one-hot on the draft token: the residual is p without it; a placeholder draft id,
+    negative or past the vocabulary, has no q and its residual is the whole p, as in vLLM's
+    kernel); ``target_probs``: float32
     [T, vocab]; ``generators``: request index -> its own ``torch.Generator`` (a seeded request's
     uniforms come from it, the others' from the global generator, in one draw). Returns the tokens,
     the dtype of ``draft_token_ids`` [T]. A token of zero residual probability is never returned
@@ -421,9 +423,10 @@ def inverse_transform(
 ) -> torch.Tensor:
     """Per row of ``weights`` (float [n, vocab], >= 0, not normalised) the index ``v`` with
     ``C(v - 1) <= u * C(vocab - 1) < C(v)``, ``C`` the row's cumulative sum, computed in float64: a
-    sample of ``weights / sum`` for ``u`` uniform in [0, 1) (float64 [n]). ``exclude`` (int64 [n] or
-    None): a column per row counted as zero. Returns int64 [n]; a zero-weight column is never
-    returned unless the whole row is zero (then some index in range).
+    sample of ``weights / sum`` for ``u`` uniform in [0, 1) (float64 [n]). ``exclude`` (int [n] or
+    None): a column per row counted as zero; an id outside ``[0, vocab)`` (vLLM's placeholder draft
+    -1) excludes nothing. Returns int64 [n]; a zero-weight column is never returned unless the whole
+    row is zero (then some index in range).
 
     Two levels, so that nothing of the row's size is allocated: float64 sums of blocks of 1,024
     columns (strided views of ``weights``), the block that holds the target, then the cumulative sum
@@ -442,7 +445,11 @@ def inverse_transform(
     sums = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
     rows = torch.arange(n, device=dev)
     if exclude is not None:
-        sums[rows, exclude // _BLOCK] -= w[rows, exclude].double()
+        # Out-of-vocabulary ids (placeholders) exclude nothing: masked, never wrapped to the last column.
+        inside = (exclude >= 0) & (exclude < vocab)
+        exclude = torch.where(inside, exclude.long(), -1)
+        ex = exclude.clamp_min(0)
+        sums[rows, ex // _BLOCK] -= torch.where(inside, w[rows, ex].double(), 0.0)
         sums.clamp_min_(0.0)
     cs = sums.cumsum(-1)
     nb = cs.shape[1]
