@@ -344,6 +344,11 @@ class AdaptiveSpec:
                 f"proposer='draft' needs an engine built with a draft model (method in {', '.join(DRAFT_METHODS)}); "
                 f"this engine uses method={spec_config.method!r}"
             )
+        # Lossless verification: no cached draft-model probabilities against other proposers' drafts.
+        from adaptive_spec.vllm.sampling import draft_probability_conflict
+
+        if (why := draft_probability_conflict(spec_config, proposers)) is not None:
+            raise AttachError(why)
         from adaptive_spec.vllm.cpu_fixes import fix_cpu_expand_kernel
         from adaptive_spec.vllm.sampling import fix_recovered_token_sampling
 
