@@ -169,11 +169,32 @@ def _drafts_for(x: torch.Tensor, g: torch.Generator) -> list[int]:
     return out
 
 
+def spec_metadata(drafts: list[list[int]]):
+    """vLLM's ``SpecDecodeMetadata`` for a step with these drafts (one list per request), in vLLM's
+    layout: each request's draft positions then its bonus position, back to back. Returns it and
+    the number of logits rows."""
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    n = [len(d) for d in drafts]
+    tgt, bonus, o = [], [], 0
+    for k in n:
+        tgt += list(range(o, o + k))
+        bonus.append(o + k)
+        o += k + 1
+    return SpecDecodeMetadata(
+        draft_token_ids=torch.tensor([t for d in drafts for t in d], dtype=torch.int32),
+        num_draft_tokens=n,
+        cu_num_draft_tokens=torch.tensor(np.cumsum(n), dtype=torch.int32),
+        cu_num_sampled_tokens=torch.tensor(np.cumsum([k + 1 for k in n]), dtype=torch.int32),
+        target_logits_indices=torch.tensor(tgt, dtype=torch.int32),
+        bonus_logits_indices=torch.tensor(bonus, dtype=torch.int32),
+        logits_indices=torch.arange(o, dtype=torch.int32),
+    ), o
+
+
 def _batch(trial: int, g: torch.Generator):
     """One step: per request a draft count 0..4, a temperature (greedy neighbours included), target
     logits and drafts. Returns (metadata, logits float32 [T + B, V], drafts, temperatures, rows)."""
-    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
-
     temps_pool = [0.0, 0.01, 0.5, 0.8, 1.0, 1.3, 2.0]
     B = 10
     counts = torch.randint(0, 5, (B,), generator=g).tolist()
@@ -182,21 +203,8 @@ def _batch(trial: int, g: torch.Generator):
     temps[(trial + 3) % B] = 1.0  # every step has a sampled request
     rows = [_edge_logits(k + 1, g) for k in counts]
     drafts = [_drafts_for(r[:-1], g) for r in rows]
-    # vLLM's layout: each request's draft positions then its bonus position, back to back.
-    logits = torch.cat(rows)
-    starts = np.cumsum([0] + [k + 1 for k in counts])[:-1]
-    target_idx = [int(s) + j for s, k in zip(starts, counts, strict=True) for j in range(k)]
-    bonus_idx = [int(s) + k for s, k in zip(starts, counts, strict=True)]
-    md = SpecDecodeMetadata(
-        draft_token_ids=torch.tensor([t for d in drafts for t in d], dtype=torch.int32),
-        num_draft_tokens=counts,
-        cu_num_draft_tokens=torch.tensor(np.cumsum(counts), dtype=torch.int32),
-        cu_num_sampled_tokens=torch.tensor(np.cumsum([k + 1 for k in counts]), dtype=torch.int32),
-        target_logits_indices=torch.tensor(target_idx, dtype=torch.int32),
-        bonus_logits_indices=torch.tensor(bonus_idx, dtype=torch.int32),
-        logits_indices=torch.arange(len(logits), dtype=torch.int32),
-    )
-    return md, logits, drafts, temps, rows
+    md, _ = spec_metadata(drafts)
+    return md, torch.cat(rows), drafts, temps, rows
 
 
 def _sampling_metadata(temps: list[float]):
