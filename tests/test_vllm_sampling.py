@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from adaptive_spec.vllm.sampling import recovered_tokens
 
+ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (pip install -e '.[cpu]')")
 
@@ -93,27 +95,9 @@ for name, temp, seeded in (("greedy", None, False), ("t1.3_seeded", 1.3, True)):
 # Greedy verification: steps with drafts (0-5 per request, some accepted, some placeholders), bfloat16
 # logits rounded to integers so that rows hold ties at their maximum.
 import dataclasses
-import numpy as np
 from vllm.v1.sample.logits_processor.builtin import LogitBiasLogitsProcessor
 
-
-def spec_metadata(drafts):
-    n = [len(d) for d in drafts]
-    tgt, bonus, o = [], [], 0
-    for k in n:
-        tgt += list(range(o, o + k))
-        bonus.append(o + k)
-        o += k + 1
-    return SpecDecodeMetadata(
-        draft_token_ids=torch.tensor([t for d in drafts for t in d], dtype=torch.int32),
-        num_draft_tokens=n,
-        cu_num_draft_tokens=torch.tensor(np.cumsum(n), dtype=torch.int32),
-        cu_num_sampled_tokens=torch.tensor(np.cumsum([k + 1 for k in n]), dtype=torch.int32),
-        target_logits_indices=torch.tensor(tgt, dtype=torch.int32),
-        bonus_logits_indices=torch.tensor(bonus, dtype=torch.int32),
-        logits_indices=torch.arange(o, dtype=torch.int32),
-    ), o
-
+from tests.test_sampling_reference import spec_metadata  # vLLM's layout of a step with drafts
 
 greedy_same, emitted, ties = [], 0, 0
 for trial in range(40):
@@ -290,7 +274,7 @@ def child_results() -> dict:
     import json
 
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

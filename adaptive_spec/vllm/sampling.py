@@ -38,6 +38,10 @@ requests with draft tokens are ever read by the recovered-token kernel.
   at 2, 4 and 8 draft tokens in a step at batch 16 (bfloat16, 2-core Xeon, in the engine). The replacement,
   :func:`recovered_tokens`, samples each draft position's residual distribution by inverse
   transform from one uniform. Process-wide, idempotent, CPU platform only.
+* :func:`draft_probability_conflict`: not a shortcut but a guard. A draft model with
+  ``draft_sample_method="probabilistic"`` makes vLLM verify every request's draft tokens against the
+  draft model's cached probabilities, also tokens another proposer drafted; ``AdaptiveSpec`` refuses
+  that configuration at attach.
 
 None changes an output distribution, and greedy outputs stay token for token those of vLLM's rejection
 sampler. ``tests/test_vllm_sampling.py`` checks that a greedy or seeded step without draft tokens
@@ -46,12 +50,16 @@ the target's distribution; that :func:`verify_greedy` gives exactly its tokens o
 of ties; that :func:`verify_sampled` follows speculative sampling's exact output distribution, as
 vLLM's rejection sampler does (chi-square against the exact probabilities and against vLLM's tokens),
 gives greedy requests in a mixed step vLLM's tokens, and both decline every step they do not cover;
-and that the recovered tokens follow the residual distribution.
+and that the recovered tokens follow the residual distribution. ``tests/test_sampling_reference.py``
+checks :func:`verify_sampled` and :func:`recovered_tokens` token for token against a float64
+reference speculative sampler (mixed temperatures, a 2,500-token vocabulary, drafts at block edges,
+placeholders); ``tests/test_lossless_draft_probs.py`` the guard. ``docs/correctness.md`` lists them.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -356,7 +364,9 @@ def recovered_tokens(
 
     ``num_draft_tokens``: per request (list of ``B`` ints); ``draft_token_ids``: int [T] (T = their
     sum), the drafts back to back; ``draft_probs``: float32 [T, vocab] or None for a deterministic
-    proposer (q one-hot on the draft token: the residual is p without it); ``target_probs``: float32
+    proposer (q one-hot on the draft token: the residual is p without it; a placeholder draft id,
+    negative or past the vocabulary, has no q and its residual is the whole p, as in vLLM's
+    kernel); ``target_probs``: float32
     [T, vocab]; ``generators``: request index -> its own ``torch.Generator`` (a seeded request's
     uniforms come from it, the others' from the global generator, in one draw). Returns the tokens,
     the dtype of ``draft_token_ids`` [T]. A token of zero residual probability is never returned
@@ -421,9 +431,10 @@ def inverse_transform(
 ) -> torch.Tensor:
     """Per row of ``weights`` (float [n, vocab], >= 0, not normalised) the index ``v`` with
     ``C(v - 1) <= u * C(vocab - 1) < C(v)``, ``C`` the row's cumulative sum, computed in float64: a
-    sample of ``weights / sum`` for ``u`` uniform in [0, 1) (float64 [n]). ``exclude`` (int64 [n] or
-    None): a column per row counted as zero. Returns int64 [n]; a zero-weight column is never
-    returned unless the whole row is zero (then some index in range).
+    sample of ``weights / sum`` for ``u`` uniform in [0, 1) (float64 [n]). ``exclude`` (int [n] or
+    None): a column per row counted as zero; an id outside ``[0, vocab)`` (vLLM's placeholder draft
+    -1) excludes nothing. Returns int64 [n]; a zero-weight column is never returned unless the whole
+    row is zero (then some index in range).
 
     Two levels, so that nothing of the row's size is allocated: float64 sums of blocks of 1,024
     columns (strided views of ``weights``), the block that holds the target, then the cumulative sum
@@ -442,7 +453,11 @@ def inverse_transform(
     sums = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
     rows = torch.arange(n, device=dev)
     if exclude is not None:
-        sums[rows, exclude // _BLOCK] -= w[rows, exclude].double()
+        # Out-of-vocabulary ids (placeholders) exclude nothing: masked, never wrapped to the last column.
+        inside = (exclude >= 0) & (exclude < vocab)
+        exclude = torch.where(inside, exclude.long(), -1)
+        ex = exclude.clamp_min(0)
+        sums[rows, ex // _BLOCK] -= torch.where(inside, w[rows, ex].double(), 0.0)
         sums.clamp_min_(0.0)
     cs = sums.cumsum(-1)
     nb = cs.shape[1]
@@ -462,6 +477,46 @@ def inverse_transform(
     last_in = (within * (vals > 0)).argmax(-1, keepdim=True)
     pos = torch.minimum(pos, last_in)
     return (blk * _BLOCK + pos).squeeze(1)
+
+
+#: Proposers never verified against another proposer's draft probabilities: ``none`` (no draft
+#: tokens) and the draft model, whose probabilities vLLM caches (``lora:<name>`` too: the draft model
+#: with an adapter).
+_DRAFTER_PROPOSERS = ("none", "draft")
+
+
+def draft_probability_conflict(spec_config: Any, proposers: Sequence[str]) -> str | None:
+    """Why verification would not be lossless with these proposers on this engine, or None.
+
+    With ``draft_sample_method="probabilistic"`` vLLM 0.32's drafter (draft model, EAGLE) samples its
+    draft tokens and keeps their probabilities ``q`` per request; the model runner then hands the
+    rejection sampler those cached rows for every request with draft tokens
+    (``GPUModelRunner._get_spec_decode_draft_probs``), whoever drafted them. A request whose drafts
+    the controller took from the n-gram, suffix or Jacobi proposer would be verified with
+    acceptance ``min(1, p(x) / q(x))`` against the draft model's ``q``, not the one-hot ``q`` of a
+    deterministic draft: the output no longer follows the target's distribution. Drafts of the
+    draft model itself (``draft``, ``lora:<name>``: the drafter's pass with the request's adapter)
+    match their cached ``q``, cut to ``k`` or not.
+
+    ``spec_config``: vLLM's ``SpeculativeConfig`` (``method``, ``draft_sample_method``,
+    ``rejection_sample_method``);
+    ``proposers``: the proposer names of :class:`~adaptive_spec.vllm.attach.AdaptiveSpec`. Returns a
+    one-line reason that names the fix, for ``AttachError``."""
+    if getattr(spec_config, "draft_sample_method", "greedy") != "probabilistic":
+        return None
+    if getattr(spec_config, "rejection_sample_method", "standard") != "standard":
+        return None  # vLLM's drafter keeps no probabilities then
+    if getattr(spec_config, "method", None) == "ngram":  # no drafter probabilities
+        return None
+    others = [p for p in proposers if p not in _DRAFTER_PROPOSERS and not p.startswith("lora:")]
+    if not others:
+        return None
+    return (
+        f"speculative_config draft_sample_method='probabilistic' cannot be mixed with proposers "
+        f"{', '.join(others)}: vLLM would verify their draft tokens against the draft model's "
+        "probabilities (not lossless); fix: set speculative_config draft_sample_method to 'greedy' "
+        "(the default), or use only proposers none, draft, lora:<adapter>"
+    )
 
 
 def fix_recovered_token_sampling() -> bool:
