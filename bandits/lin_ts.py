@@ -7,21 +7,22 @@ from typing import Any
 
 import numpy as np
 
-from ._ridge import DisjointRidge
 from ._validation import check_positive_float
-from .base import ArmId, Policy
+from .base import ArmId
+from .linucb import _RidgePolicy
 
 __all__ = ["LinearThompson"]
 
 
-class LinearThompson(Policy):
+class LinearThompson(_RidgePolicy):
     """Linear Thompson sampling with a Gaussian posterior per arm.
 
     Arm a's coefficients have posterior ``N(theta_a, v^2 A_a^{-1})`` with the ridge statistics
     ``A_a = reg I + sum x x^T`` and ``theta_a = A_a^{-1} sum r x``. For context x the sampled
     reward ``x . theta~_a`` is exactly ``N(x . theta_a, v^2 x^T A_a^{-1} x)``, so one standard
     normal per (request, arm) is drawn instead of a d-dimensional sample; the largest sample is
-    pulled. Any finite reward is accepted.
+    pulled. Any finite reward is accepted. The posterior is the same per-arm ridge regression as
+    :class:`~adaptive_spec.bandits.LinUCB`'s (:class:`~adaptive_spec.bandits.stats.DisjointRidge`).
 
     Parameters
     ----------
@@ -44,7 +45,6 @@ class LinearThompson(Policy):
     """
 
     name = "lin-ts"
-    contextual = True
     has_probabilities = False
 
     def __init__(
@@ -56,33 +56,13 @@ class LinearThompson(Policy):
         reg: float = 1.0,
         seed: int | None = None,
     ) -> None:
-        super().__init__(arms, seed=seed, dim=dim)
+        super().__init__(arms, dim=dim, reg=reg, seed=seed)
         self.v = check_positive_float("v", v)
-        self.reg = check_positive_float("reg", reg)
-        self._ridge = DisjointRidge(self.n_arms, int(self._dim or 0), self.reg)
-
-    @property
-    def theta(self) -> np.ndarray:
-        """Posterior mean coefficients of every arm, float64 ``[K, dim]`` (a copy)."""
-        return self._ridge.theta.copy()
 
     def _scores(self, X: np.ndarray | None, n: int) -> np.ndarray:
         assert X is not None
-        mean, var = self._ridge.moments(X)
+        mean, var = self.stats.moments(X)
         return mean + self.v * np.sqrt(var) * self._rng.standard_normal(mean.shape)
-
-    def _learn(self, idx: np.ndarray, r: np.ndarray, X: np.ndarray | None) -> None:
-        assert X is not None
-        self._ridge.learn(idx, r, X)
-
-    def _params(self) -> dict[str, Any]:
-        return {**self._base_params(), "v": self.v, "reg": self.reg}
-
-    def _get_data(self) -> dict[str, Any]:
-        return self._ridge.get_data()
-
-    def _set_data(self, data: dict[str, Any]) -> None:
-        self._ridge.set_data(data)
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:

@@ -173,8 +173,8 @@ def test_sliding_window_statistics_equal_a_recount_of_the_window() -> None:
         last = history[-window:]
         counts = np.bincount([a for a, _ in last], minlength=4)
         sums = np.bincount([a for a, _ in last], [x for _, x in last], minlength=4)
-        np.testing.assert_array_equal(policy._win_counts, counts)
-        np.testing.assert_allclose(policy._win_sums, sums, atol=1e-12)
+        np.testing.assert_array_equal(policy.stats.counts, counts)
+        np.testing.assert_allclose(policy.stats.sums, sums, atol=1e-12)
         horizon = min(len(history), window)
         with np.errstate(divide="ignore", invalid="ignore"):
             expected = np.where(
