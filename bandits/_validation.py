@@ -20,6 +20,7 @@ __all__ = [
     "check_binary",
     "check_finite_array",
     "check_matrix",
+    "check_none_flagged",
     "check_nonneg_weights",
     "check_positive_float",
     "check_positive_int",
@@ -160,6 +161,16 @@ def check_vector(name: str, value: Any, length: int | None = None) -> np.ndarray
     return arr
 
 
+def check_none_flagged(name: str, arr: np.ndarray, bad: np.ndarray, requirement: str) -> None:
+    """Raise ``ValueError`` naming the first entry of ``arr`` flagged in ``bad`` (same shape).
+
+    The message reads ``"{name} {requirement}; found {value} at flat index {i}"``.
+    """
+    if bad.any():
+        i = int(np.flatnonzero(bad.ravel())[0])
+        raise ValueError(f"{name} {requirement}; found {arr.ravel()[i]!r} at flat index {i}")
+
+
 def check_binary(name: str, value: Any, length: int) -> np.ndarray:
     """Return ``value`` as a float64 array of shape ``[length]`` with entries in {0, 1}.
 
@@ -169,10 +180,7 @@ def check_binary(name: str, value: Any, length: int) -> np.ndarray:
         If the shape is wrong, an entry is NaN/inf, or an entry is not exactly 0 or 1.
     """
     arr = check_vector(name, value, length)
-    bad = (arr != 0.0) & (arr != 1.0)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name} must hold only 0 or 1; found {arr[i]!r} at index {i}")
+    check_none_flagged(name, arr, (arr != 0.0) & (arr != 1.0), "must hold only 0 or 1")
     return arr
 
 
@@ -185,9 +193,7 @@ def check_nonneg_weights(name: str, value: Any, length: int) -> np.ndarray:
         If the shape is wrong or an entry is NaN/inf or negative.
     """
     arr = check_vector(name, value, length)
-    if (arr < 0.0).any():
-        i = int(np.flatnonzero(arr < 0.0)[0])
-        raise ValueError(f"{name} must be >= 0; found {arr[i]!r} at index {i}")
+    check_none_flagged(name, arr, arr < 0.0, "must be >= 0")
     return arr
 
 

@@ -31,6 +31,7 @@ from ._validation import (
     check_arms,
     check_finite_array,
     check_matrix,
+    check_none_flagged,
     check_positive_int,
     check_reward_range,
     check_seed,
@@ -221,23 +222,11 @@ class Policy(abc.ABC):
 
     def _scale(self, r: np.ndarray, name: str) -> np.ndarray:
         if self.binary_rewards:
-            bad = (r != 0.0) & (r != 1.0)
-            if bad.any():
-                i = int(np.flatnonzero(bad.ravel())[0])
-                raise ValueError(
-                    f"{name} must be 0 or 1 for {self.name}; found {r.ravel()[i]!r} "
-                    f"at flat index {i}"
-                )
+            check_none_flagged(name, r, (r != 0.0) & (r != 1.0), f"must be 0 or 1 for {self.name}")
         if self._reward_range is None:
             return r
         lo, hi = self._reward_range
-        out = (r < lo) | (r > hi)
-        if out.any():
-            i = int(np.flatnonzero(out.ravel())[0])
-            raise ValueError(
-                f"{name} must lie in reward_range [{lo}, {hi}]; found {r.ravel()[i]!r} "
-                f"at flat index {i}"
-            )
+        check_none_flagged(name, r, (r < lo) | (r > hi), f"must lie in reward_range [{lo}, {hi}]")
         if lo == 0.0 and hi == 1.0:
             return r
         return (r - lo) / (hi - lo)
