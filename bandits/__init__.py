@@ -15,12 +15,10 @@ adaptive controller, the static arms and the oracle.
 
 from .base import ArmId, Policy
 from .discounted_thompson import DiscountedThompson
-from .discounted_ucb import DiscountedUCB
 from .epsilon_greedy import EpsilonGreedy
 from .exp3 import Exp3
 from .hedge import Hedge
 from .kl_ucb import KLUCB
-from .lin_ts import LinearThompson
 from .linucb import LinUCB
 from .linucb_hybrid import LinUCBHybrid
 from .logistic_ts import LogisticThompson
@@ -38,13 +36,11 @@ __all__ = [
     "UCB1",
     "ArmId",
     "DiscountedThompson",
-    "DiscountedUCB",
     "EpsilonGreedy",
     "Exp3",
     "Hedge",
     "LinUCB",
     "LinUCBHybrid",
-    "LinearThompson",
     "LogisticThompson",
     "LogisticThompsonPolicy",
     "Policy",

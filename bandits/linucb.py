@@ -14,28 +14,7 @@ from .stats import DisjointRidge
 __all__ = ["LinUCB"]
 
 
-class _RidgePolicy(Policy):
-    """A contextual policy over one ridge regression per arm (:class:`DisjointRidge`), ``reg`` > 0."""
-
-    contextual = True
-    _stats = ("stats",)
-
-    def __init__(self, arms: Sequence[ArmId], *, dim: int, reg: float, seed: int | None) -> None:
-        super().__init__(arms, seed=seed, dim=dim)
-        self.reg = check_positive_float("reg", reg)
-        self.stats = DisjointRidge(self.n_arms, int(self._dim or 0), self.reg)
-
-    @property
-    def theta(self) -> np.ndarray:
-        """Ridge coefficients (posterior means) of every arm, float64 ``[K, dim]`` (a copy)."""
-        return self.stats.theta.copy()
-
-    def _learn(self, idx: np.ndarray, r: np.ndarray, X: np.ndarray | None) -> None:
-        assert X is not None
-        self.stats.learn(idx, r, X)
-
-
-class LinUCB(_RidgePolicy):
+class LinUCB(Policy):
     """LinUCB (disjoint): a ridge regression per arm and an upper confidence bound on x . theta_a.
 
     For context x (shape ``[dim]``), arm a's score is
@@ -74,6 +53,8 @@ class LinUCB(_RidgePolicy):
     """
 
     name = "linucb"
+    contextual = True
+    _stats = ("stats",)
 
     def __init__(
         self,
@@ -84,13 +65,24 @@ class LinUCB(_RidgePolicy):
         reg: float = 1.0,
         seed: int | None = None,
     ) -> None:
-        super().__init__(arms, dim=dim, reg=reg, seed=seed)
+        super().__init__(arms, seed=seed, dim=dim)
         self.alpha = check_positive_float("alpha", alpha, allow_zero=True)
+        self.reg = check_positive_float("reg", reg)
+        self.stats = DisjointRidge(self.n_arms, int(self._dim or 0), self.reg)
+
+    @property
+    def theta(self) -> np.ndarray:
+        """Ridge coefficients of every arm, float64 ``[K, dim]`` (a copy)."""
+        return self.stats.theta.copy()
 
     def _scores(self, X: np.ndarray | None, n: int) -> np.ndarray:
         assert X is not None
         mean, var = self.stats.moments(X)
         return mean + self.alpha * np.sqrt(var)
+
+    def _learn(self, idx: np.ndarray, r: np.ndarray, X: np.ndarray | None) -> None:
+        assert X is not None
+        self.stats.learn(idx, r, X)
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:

@@ -1,10 +1,13 @@
 """Online Bayesian logistic regression with a diagonal Laplace posterior (Thompson sampling).
 
-The controller keeps one :class:`LogisticThompson` per proposer and uses it to predict, from a
-feature vector describing a request and a draft position, the probability that the target
-model accepts the draft token there (the per-position acceptance rate alpha). Exploration comes
+A :class:`LogisticThompson` predicts, from a feature vector describing a request and a draft
+position, the probability that the target model accepts the draft token there (the per-position
+acceptance rate alpha): a smooth alternative to the adaptive controller's calibrated counts per
+context cell (:mod:`adaptive_spec.core.acceptance`, which the controller uses). Exploration comes
 from the posterior's uncertainty: a Thompson draw (:meth:`LogisticThompson.sample_proba`) or an
 upper confidence bound on the logit (:meth:`LogisticThompson.ucb_proba`).
+:class:`~adaptive_spec.bandits.LogisticThompsonPolicy` keeps one model per arm as a contextual
+bandit.
 """
 
 from __future__ import annotations

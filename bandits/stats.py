@@ -4,17 +4,17 @@
 object                   what it keeps                                               used by
 =======================  ==========================================================  =====================
 :class:`ArmSums`         per-arm weighted count, reward sum (and sum of squares),    UCB1, UCB-Tuned,
-                         each observation discounting all earlier ones by ``gamma``  KL-UCB, D-UCB,
+                         each observation discounting all earlier ones by ``gamma``  KL-UCB,
                          (``gamma = 1``: plain sums)                                 epsilon-greedy,
                                                                                      Gaussian Thompson
 :class:`WindowSums`      the same over the last ``window`` observations (all arms    SW-UCB
                          together), from a ring buffer
 :class:`BetaPosterior`   ``Beta(alpha0 + S_i, beta0 + N_i - S_i)`` over an           Beta Thompson,
                          :class:`ArmSums` (a fractional reward r is r of a success)  discounted Thompson
+                                                                                     (``gamma < 1``)
 :class:`ExpWeights`      cumulative (estimated) gains in the log domain, re-centred  EXP3, Hedge
                          to a maximum of 0, and their softmax at a learning rate
-:class:`DisjointRidge`   one ridge regression (linear-Gaussian posterior) per arm    LinUCB, linear
-                                                                                     Thompson
+:class:`DisjointRidge`   one ridge regression (linear-Gaussian posterior) per arm    LinUCB
 :class:`Groups`          row sums by group (arm): one stable sort and                the ridge and the
                          ``np.add.reduceat``                                         logistic updates
 =======================  ==========================================================  =====================
@@ -150,7 +150,7 @@ class ArmSums:
     Every observation first multiplies every arm's statistics by ``gamma``, then adds its own:
     ``N_i <- gamma N_i + 1{arm i}``, ``S_i <- gamma S_i + r 1{arm i}``. With ``gamma = 1`` these are
     plain counts and sums; with ``gamma < 1`` the memory is about ``1 / (1 - gamma)`` observations
-    (Kocsis & Szepesvári 2006; Garivier & Moulines 2011, D-UCB). A batch of n observations equals
+    (Raj & Kalyani 2017, discounted Thompson sampling). A batch of n observations equals
     n single updates (:func:`discount_weights`).
 
     Parameters
@@ -382,7 +382,7 @@ class DisjointRidge:
     """One ridge regression per arm: ``A_a = reg I + sum x x^T``, ``b_a = sum r x``.
 
     The coefficients' posterior is Gaussian, ``N(theta_a, v^2 A_a^{-1})`` with
-    ``theta_a = A_a^{-1} b_a`` (Li et al. 2010; Agrawal & Goyal 2013). Keeps ``A_a^{-1}`` and
+    ``theta_a = A_a^{-1} b_a`` (Li et al. 2010). Keeps ``A_a^{-1}`` and
     ``theta_a`` up to date for the arms touched by each batch (a batched LAPACK inverse of the
     ``dim x dim`` matrices).
 

@@ -1,4 +1,4 @@
-"""UCB1 (Auer, Cesa-Bianchi & Fischer 2002) and the index its windowed and discounted variants share."""
+"""UCB1 (Auer, Cesa-Bianchi & Fischer 2002) and the index it shares with sliding-window UCB."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ def ucb_index(stats: ArmSums | WindowSums, width: float) -> np.ndarray:
 
     ``N_i`` and ``S_i`` are the (weighted) count and reward sum of arm i in ``stats`` and
     ``T = max(sum_i N_i, 1)``; an arm with ``N_i = 0`` gets +inf (it is tried first). UCB1 takes
-    ``width = c sqrt(2)``; D-UCB ``2 sqrt(xi)`` on discounted statistics; SW-UCB ``sqrt(xi)`` on
-    the window's (where T is ``min(t, window)``).
+    ``width = c sqrt(2)`` on all observations; SW-UCB ``sqrt(xi)`` on the window's (where T is
+    ``min(t, window)``).
     """
     counts = stats.counts
     log_t = math.log(max(float(counts.sum()), 1.0))

@@ -109,7 +109,7 @@ def test_names_and_errors() -> None:
     pol = make_policy("bandit:thompson_beta", PROPS, MAX_K)
     assert isinstance(pol, BanditPolicy) and pol.name == "bandit:thompson-beta"
     assert check_policy_name("bandit:linucb", ["none", *PROPS]) == "bandit:linucb"
-    with pytest.raises(ValueError, match="learner='nope' is not known; allowed: .*ucb1"):
+    with pytest.raises(ValueError, match=r"learner='nope' is not known; allowed: .*ucb1"):
         make_policy("bandit:nope", PROPS, MAX_K)
     with pytest.raises(ValueError, match="seed"):
         BanditPolicy(PROPS, MAX_K, learner="ucb1", seed=-1)
@@ -138,9 +138,7 @@ def test_context_reuses_the_controllers_buckets() -> None:
     assert x.sum() == pytest.approx(2.25 + 2 * len(PROPS))
     # After the ngram draft is accepted in full, the request's ngram history is high.
     d = pol.decide(StepView([v], batch_size=1))
-    pol.observe(
-        StepOutcome([RequestOutcome("r", d.arms[0], 0, 0, [0, 1, 2, 9])], 0.02, 1, 0)
-    )
+    pol.observe(StepOutcome([RequestOutcome("r", d.arms[0], 0, 0, [0, 1, 2, 9])], 0.02, 1, 0))
     assert pol.context(v).history_buckets == (3, 3)  # both drafts' known positions matched
 
 

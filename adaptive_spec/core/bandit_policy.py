@@ -16,7 +16,7 @@ moving-average acceptance of that proposer's drafts, scored on the committed tok
 or not, :func:`~adaptive_spec.core.acceptance.history_bucket`) and the match bucket of the
 proposer's match feature (:func:`~adaptive_spec.core.acceptance.match_thresholds`).
 
-* Contextual learners (``linucb``, ``linucb-hybrid``, ``lin-ts``, ``logistic-ts``) get one vector
+* Contextual learners (``linucb``, ``linucb-hybrid``, ``logistic-ts``) get one vector
   per request: ``[1, temperature bucket, 1 / batch size]`` followed by, per proposer, the one-hot
   history bucket (4) and the one-hot match bucket (4); dimension ``3 + 8 P``. ``1 / batch size``
   is a request's share of a plain step, which sets how much a draft token costs it relatively.
