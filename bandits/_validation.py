@@ -9,22 +9,29 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 __all__ = [
+    "check_arms",
+    "check_array_field",
     "check_binary",
     "check_finite_array",
     "check_matrix",
+    "check_none_flagged",
     "check_nonneg_weights",
     "check_positive_float",
     "check_positive_int",
+    "check_rate_or_horizon",
+    "check_reward_range",
     "check_seed",
     "check_unit_interval",
     "check_vector",
     "rng_from_state",
     "rng_state",
+    "to_jsonable",
 ]
 
 
@@ -154,6 +161,16 @@ def check_vector(name: str, value: Any, length: int | None = None) -> np.ndarray
     return arr
 
 
+def check_none_flagged(name: str, arr: np.ndarray, bad: np.ndarray, requirement: str) -> None:
+    """Raise ``ValueError`` naming the first entry of ``arr`` flagged in ``bad`` (same shape).
+
+    The message reads ``"{name} {requirement}; found {value} at flat index {i}"``.
+    """
+    if bad.any():
+        i = int(np.flatnonzero(bad.ravel())[0])
+        raise ValueError(f"{name} {requirement}; found {arr.ravel()[i]!r} at flat index {i}")
+
+
 def check_binary(name: str, value: Any, length: int) -> np.ndarray:
     """Return ``value`` as a float64 array of shape ``[length]`` with entries in {0, 1}.
 
@@ -163,10 +180,7 @@ def check_binary(name: str, value: Any, length: int) -> np.ndarray:
         If the shape is wrong, an entry is NaN/inf, or an entry is not exactly 0 or 1.
     """
     arr = check_vector(name, value, length)
-    bad = (arr != 0.0) & (arr != 1.0)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name} must hold only 0 or 1; found {arr[i]!r} at index {i}")
+    check_none_flagged(name, arr, (arr != 0.0) & (arr != 1.0), "must hold only 0 or 1")
     return arr
 
 
@@ -179,9 +193,7 @@ def check_nonneg_weights(name: str, value: Any, length: int) -> np.ndarray:
         If the shape is wrong or an entry is NaN/inf or negative.
     """
     arr = check_vector(name, value, length)
-    if (arr < 0.0).any():
-        i = int(np.flatnonzero(arr < 0.0)[0])
-        raise ValueError(f"{name} must be >= 0; found {arr[i]!r} at index {i}")
+    check_none_flagged(name, arr, arr < 0.0, "must be >= 0")
     return arr
 
 
@@ -212,3 +224,95 @@ def rng_from_state(state: Any) -> np.random.Generator:
     except (TypeError, ValueError, KeyError) as exc:
         raise ValueError(f"rng state is not a valid {name} state: {exc}") from exc
     return np.random.Generator(bit_gen)
+
+
+def check_rate_or_horizon(
+    rate_name: str, rate: Any, horizon: Any, check_rate: Any
+) -> tuple[float | None, int | None]:
+    """Validate a learning rate and a horizon to tune it for, of which at most one may be given.
+
+    ``check_rate(rate_name, rate)`` validates the rate; the horizon must be an integer >= 1.
+
+    Raises
+    ------
+    ValueError
+        If both are given, or either is out of range.
+    """
+    if rate is not None and horizon is not None:
+        raise ValueError(f"give {rate_name} or horizon, not both")
+    return (
+        None if rate is None else check_rate(rate_name, rate),
+        None if horizon is None else check_positive_int("horizon", horizon),
+    )
+
+
+def check_array_field(data: dict[str, Any], key: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Read ``data[key]`` as a finite float64 array of ``shape`` (for restoring a state).
+
+    Raises
+    ------
+    ValueError
+        If the shape is wrong or an entry is NaN/inf (KeyError if ``key`` is missing).
+    """
+    arr = np.asarray(data[key], dtype=np.float64)
+    if arr.shape != shape:
+        raise ValueError(f"{key} must have shape {shape}, got {arr.shape}")
+    check_finite_array(key, arr)
+    return arr
+
+
+def check_arms(arms: Any) -> list[int | str]:
+    """Return ``arms`` as a list of distinct ``int``/``str`` ids (they must survive JSON).
+
+    Raises
+    ------
+    ValueError
+        If ``arms`` is not a non-empty sequence of distinct str or int ids (bools are refused).
+    """
+    if isinstance(arms, (str, bytes)) or not isinstance(arms, (Sequence, np.ndarray)):
+        raise ValueError(
+            f"arms must be a non-empty list of arm ids (str or int), got {type(arms).__name__}"
+        )
+    out: list[int | str] = []
+    for a in arms:
+        if isinstance(a, (bool, np.bool_)):
+            raise ValueError(f"arms must hold str or int ids, got the bool {a!r}")
+        if isinstance(a, (int, np.integer)):
+            out.append(int(a))
+        elif isinstance(a, str):
+            out.append(str(a))
+        else:
+            raise ValueError(
+                f"arms must hold str or int ids (JSON round trip), got {a!r} "
+                f"of type {type(a).__name__}"
+            )
+    if not out:
+        raise ValueError("arms must hold at least one arm id, got an empty list")
+    if len(set(out)) != len(out):
+        dup = sorted({repr(a) for a in out if out.count(a) > 1})
+        raise ValueError(f"arms must be distinct, got duplicates {', '.join(dup)}")
+    return out
+
+
+def check_reward_range(value: Any) -> tuple[float, float] | None:
+    """Return ``None`` or a finite pair ``(low, high)`` with ``low < high``, else raise ``ValueError``."""
+    if value is None:
+        return None
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"reward_range must be None or a pair (low, high), got {value!r}") from exc
+    if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
+        raise ValueError(f"reward_range must be finite with low < high, got {value!r}")
+    return (lo, hi)
+
+
+def to_jsonable(value: Any) -> Any:
+    """numpy arrays and scalars (and tuples) as plain lists and Python numbers, for ``json.dumps``."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, tuple):
+        return [to_jsonable(v) for v in value]
+    return value

@@ -20,19 +20,25 @@ The verbs, the same for every policy:
 from __future__ import annotations
 
 import abc
+import inspect
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
+from ._choice import argmax_random_ties, sample_categorical, uniform_over_max
 from ._validation import (
+    check_arms,
     check_finite_array,
     check_matrix,
+    check_none_flagged,
     check_positive_int,
+    check_reward_range,
     check_seed,
     check_vector,
     rng_from_state,
     rng_state,
+    to_jsonable,
 )
 
 __all__ = ["ArmId", "Policy", "argmax_random_ties", "sample_categorical"]
@@ -42,122 +48,15 @@ ArmId = int | str
 _STATE_VERSION = 1
 
 
-def argmax_random_ties(scores: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Row-wise argmax, ties broken uniformly at random.
-
-    Parameters
-    ----------
-    scores : numpy.ndarray of float, shape [K] or [n, K]
-        Arm scores; a 1-D array is shared by all ``n`` rows. ``+inf`` is allowed (arms never
-        tried); NaN is not.
-    n : int
-        Number of rows to decide.
-    rng : numpy.random.Generator
-        Source of the tie-breaking randomness (drawn only when there is a tie).
-
-    Returns
-    -------
-    numpy.ndarray of int64, shape [n]
-        The chosen arm index per row.
-    """
-    if scores.ndim == 1:
-        ties = np.flatnonzero(scores == scores.max())
-        if ties.size == 1:
-            return np.full(n, ties[0], dtype=np.int64)
-        return rng.choice(ties, size=n).astype(np.int64)
-    is_max = scores == scores.max(axis=1, keepdims=True)
-    if (is_max.sum(axis=1) == 1).all():
-        return scores.argmax(axis=1).astype(np.int64)
-    noise = rng.random(scores.shape)
-    return np.where(is_max, noise, -1.0).argmax(axis=1).astype(np.int64)
-
-
-def sample_categorical(probs: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Draw one arm index per row from a categorical distribution by inversion.
-
-    Parameters
-    ----------
-    probs : numpy.ndarray of float, shape [K] or [n, K]
-        Non-negative probabilities summing to 1 (per row); a 1-D array is shared by all rows.
-    n : int
-        Number of draws.
-    rng : numpy.random.Generator
-        Source of one uniform per row.
-
-    Returns
-    -------
-    numpy.ndarray of int64, shape [n]
-        Arm indices; an arm of probability 0 is never returned.
-    """
-    u = rng.random(n)
-    cdf = np.cumsum(probs, axis=-1)
-    if probs.ndim == 1:
-        cdf /= cdf[-1]
-        return np.searchsorted(cdf, u, side="right").astype(np.int64)
-    cdf /= cdf[:, -1:]
-    return (cdf <= u[:, None]).sum(axis=1).astype(np.int64)
-
-
-def _uniform_over_max(scores: np.ndarray) -> np.ndarray:
-    """The action distribution of an argmax with uniform tie-breaking, same shape as scores."""
-    is_max = scores == scores.max(axis=-1, keepdims=True)
-    return is_max / is_max.sum(axis=-1, keepdims=True)
-
-
-def _check_arms(arms: Any) -> list[ArmId]:
-    if isinstance(arms, (str, bytes)) or not isinstance(arms, (Sequence, np.ndarray)):
-        raise ValueError(
-            f"arms must be a non-empty list of arm ids (str or int), got {type(arms).__name__}"
-        )
-    out: list[ArmId] = []
-    for a in arms:
-        if isinstance(a, (bool, np.bool_)):
-            raise ValueError(f"arms must hold str or int ids, got the bool {a!r}")
-        if isinstance(a, (int, np.integer)):
-            out.append(int(a))
-        elif isinstance(a, str):
-            out.append(str(a))
-        else:
-            raise ValueError(
-                f"arms must hold str or int ids (JSON round trip), got {a!r} "
-                f"of type {type(a).__name__}"
-            )
-    if not out:
-        raise ValueError("arms must hold at least one arm id, got an empty list")
-    if len(set(out)) != len(out):
-        dup = sorted({repr(a) for a in out if out.count(a) > 1})
-        raise ValueError(f"arms must be distinct, got duplicates {', '.join(dup)}")
-    return out
-
-
-def _check_reward_range(value: Any) -> tuple[float, float] | None:
-    if value is None:
-        return None
-    try:
-        lo, hi = (float(v) for v in value)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"reward_range must be None or a pair (low, high), got {value!r}") from exc
-    if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
-        raise ValueError(f"reward_range must be finite with low < high, got {value!r}")
-    return (lo, hi)
-
-
-def _to_jsonable(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, tuple):
-        return [_to_jsonable(v) for v in value]
-    return value
-
-
 class Policy(abc.ABC):
     """Base class of every bandit policy: bookkeeping, validation, seeding and state.
 
     Subclasses set the class attributes below and implement :meth:`_learn` plus either
     :meth:`_scores` (index and sampling policies: the arm with the largest score is pulled) or
-    :meth:`_probs` with ``randomized = True`` (the arm is drawn from the distribution).
+    :meth:`_probs` with ``randomized = True`` (the arm is drawn from the distribution). Their
+    learned state lives in statistic objects (:mod:`adaptive_spec.bandits.stats`) named by
+    ``_stats``, and their hyperparameters in attributes named as their keyword arguments, so that
+    :meth:`state_dict` needs no code of theirs (scikit-learn's ``get_params`` convention).
 
     Parameters
     ----------
@@ -186,6 +85,8 @@ class Policy(abc.ABC):
         Whether the policy learns only from :meth:`update_full` (Hedge).
     requires_bounded_rewards : bool
         Whether ``reward_range`` may not be ``None``.
+    binary_rewards : bool
+        Whether every reward must be exactly 0 or 1 (logistic Thompson sampling).
     """
 
     name: ClassVar[str] = ""
@@ -194,6 +95,9 @@ class Policy(abc.ABC):
     has_probabilities: ClassVar[bool] = True
     full_information_only: ClassVar[bool] = False
     requires_bounded_rewards: ClassVar[bool] = False
+    binary_rewards: ClassVar[bool] = False
+    #: Attributes holding the learned statistics (objects with ``get_data`` / ``set_data``).
+    _stats: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -203,11 +107,11 @@ class Policy(abc.ABC):
         reward_range: tuple[float, float] | None = None,
         dim: int | None = None,
     ) -> None:
-        self._arms = _check_arms(arms)
+        self._arms = check_arms(arms)
         self._index = {a: i for i, a in enumerate(self._arms)}
         self._seed = check_seed(seed)
         self._rng = np.random.default_rng(self._seed)
-        self._reward_range = _check_reward_range(reward_range)
+        self._reward_range = check_reward_range(reward_range)
         if self.requires_bounded_rewards and self._reward_range is None:
             raise ValueError(
                 f"reward_range must be a pair (low, high) for {self.name}: it assumes bounded rewards"
@@ -252,6 +156,11 @@ class Policy(abc.ABC):
     def reward_range(self) -> tuple[float, float] | None:
         """Rewards' allowed range, or ``None`` if any finite reward is accepted."""
         return self._reward_range
+
+    @property
+    def seed(self) -> int | None:
+        """Seed the policy was built with."""
+        return self._seed
 
     def arm_index(self, arm: Any) -> int:
         """Position of ``arm`` in :attr:`arms`.
@@ -312,16 +221,12 @@ class Policy(abc.ABC):
         return self._scale(r, name)
 
     def _scale(self, r: np.ndarray, name: str) -> np.ndarray:
+        if self.binary_rewards:
+            check_none_flagged(name, r, (r != 0.0) & (r != 1.0), f"must be 0 or 1 for {self.name}")
         if self._reward_range is None:
             return r
         lo, hi = self._reward_range
-        out = (r < lo) | (r > hi)
-        if out.any():
-            i = int(np.flatnonzero(out.ravel())[0])
-            raise ValueError(
-                f"{name} must lie in reward_range [{lo}, {hi}]; found {r.ravel()[i]!r} "
-                f"at flat index {i}"
-            )
+        check_none_flagged(name, r, (r < lo) | (r > hi), f"must lie in reward_range [{lo}, {hi}]")
         if lo == 0.0 and hi == 1.0:
             return r
         return (r - lo) / (hi - lo)
@@ -433,7 +338,7 @@ class Policy(abc.ABC):
 
     def _probs(self, X: np.ndarray | None, n: int) -> np.ndarray:
         """Action distribution ``[K]`` or ``[n, K]``; default: argmax of the scores."""
-        return _uniform_over_max(self._scores(X, n))
+        return uniform_over_max(self._scores(X, n))
 
     # ------------------------------------------------------------------ learning
     def update(self, arm: ArmId, reward: float, context: np.ndarray | None = None) -> None:
@@ -567,17 +472,27 @@ class Policy(abc.ABC):
         self._learn(idx, R.ravel(), Xk)
 
     # ------------------------------------------------------------------ state
-    @abc.abstractmethod
     def _params(self) -> dict[str, Any]:
-        """Constructor keyword arguments (other than ``arms``) that rebuild this policy."""
+        """Constructor keyword arguments (other than ``arms``) that rebuild this policy: each
+        keyword-only parameter of ``__init__``, read from the attribute of the same name."""
+        sig = inspect.signature(type(self).__init__)
+        return {
+            k: getattr(self, k)
+            for k, p in sig.parameters.items()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        }
 
-    @abc.abstractmethod
     def _get_data(self) -> dict[str, Any]:
-        """Learned state as a dict of numpy arrays / Python scalars."""
+        """Learned state: the statistic objects' arrays / Python scalars."""
+        data: dict[str, Any] = {}
+        for attr in self._stats:
+            data.update(getattr(self, attr).get_data())
+        return data
 
-    @abc.abstractmethod
     def _set_data(self, data: dict[str, Any]) -> None:
         """Restore :meth:`_get_data`'s output (values may be lists after JSON)."""
+        for attr in self._stats:
+            getattr(self, attr).set_data(data)
 
     def state_dict(self) -> dict[str, Any]:
         """Full state as a JSON-serialisable dict (round trips bit for bit, RNG included).
@@ -594,10 +509,10 @@ class Policy(abc.ABC):
             "name": self.name,
             "version": _STATE_VERSION,
             "arms": list(self._arms),
-            "params": {k: _to_jsonable(v) for k, v in self._params().items()},
+            "params": {k: to_jsonable(v) for k, v in self._params().items()},
             "counts": self._counts.tolist(),
             "rng": rng_state(self._rng),
-            "data": {k: _to_jsonable(v) for k, v in self._get_data().items()},
+            "data": {k: to_jsonable(v) for k, v in self._get_data().items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -642,22 +557,24 @@ class Policy(abc.ABC):
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> Policy:
-        """Build a policy of the class recorded in ``state`` (looked up in the registry)."""
-        from .registry import policy_class
+        """Build a policy of the class recorded in ``state`` (any subclass of ``cls`` by name).
 
+        Raises
+        ------
+        ValueError
+            If no subclass of ``cls`` is registered under ``state['name']``, or the state is
+            malformed.
+        """
         name = state.get("name") if isinstance(state, dict) else None
-        policy_cls = policy_class(str(name))
-        if cls is not Policy and not issubclass(policy_cls, cls):
+        found = {c.name: c for c in _subclasses(Policy) if c.name}
+        policy_cls = found.get(str(name))
+        if policy_cls is None:
+            raise ValueError(f"unknown policy {name!r}; allowed: {', '.join(sorted(found))}")
+        if not issubclass(policy_cls, cls):
             raise ValueError(f"state is for {policy_cls.__name__}, not {cls.__name__}")
         obj = policy_cls.__new__(policy_cls)
         obj.load_state_dict(state)
         return obj
-
-    def _base_params(self) -> dict[str, Any]:
-        params: dict[str, Any] = {"seed": self._seed}
-        if self.contextual:
-            params["dim"] = self._dim
-        return params
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
@@ -669,10 +586,9 @@ class Policy(abc.ABC):
         return f"{type(self).__name__}(n_arms={self.n_arms}, {params}) [n_updates={self.n_updates}]"
 
 
-def check_array_field(data: dict[str, Any], key: str, shape: tuple[int, ...]) -> np.ndarray:
-    """Read ``data[key]`` as a finite float64 array of ``shape`` (for ``_set_data``)."""
-    arr = np.asarray(data[key], dtype=np.float64)
-    if arr.shape != shape:
-        raise ValueError(f"{key} must have shape {shape}, got {arr.shape}")
-    check_finite_array(key, arr)
-    return arr
+def _subclasses(cls: type[Policy]) -> list[type[Policy]]:
+    """Every subclass of ``cls``, recursively."""
+    out = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_subclasses(sub)]
+    return out

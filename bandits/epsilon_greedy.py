@@ -7,8 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from ._choice import uniform_over_max
 from ._validation import check_positive_float, check_unit_interval
-from .base import ArmId, Policy, _uniform_over_max, check_array_field
+from .base import ArmId, Policy
+from .stats import ArmSums
 
 __all__ = ["EpsilonGreedy"]
 
@@ -44,6 +46,7 @@ class EpsilonGreedy(Policy):
 
     name = "epsilon-greedy"
     randomized = True
+    _stats = ("stats",)
 
     def __init__(
         self,
@@ -56,7 +59,7 @@ class EpsilonGreedy(Policy):
         super().__init__(arms, seed=seed)
         self.epsilon = check_unit_interval("epsilon", epsilon, low_open=False)
         self.decay = check_positive_float("decay", decay, allow_zero=True)
-        self._sums = np.zeros(self.n_arms)
+        self.stats = ArmSums(self.n_arms)
 
     @property
     def current_epsilon(self) -> float:
@@ -64,23 +67,12 @@ class EpsilonGreedy(Policy):
         return self.epsilon / (1.0 + self.decay * self.n_updates)
 
     def _probs(self, X: np.ndarray | None, n: int) -> np.ndarray:
-        counts = self._counts
-        with np.errstate(divide="ignore", invalid="ignore"):
-            means = np.where(counts > 0, self._sums / counts, np.inf)
+        means = np.where(self.stats.counts > 0, self.stats.means(), np.inf)  # unseen arms first
         eps = self.current_epsilon
-        return (1.0 - eps) * _uniform_over_max(means) + eps / self.n_arms
+        return (1.0 - eps) * uniform_over_max(means) + eps / self.n_arms
 
     def _learn(self, idx: np.ndarray, r: np.ndarray, X: np.ndarray | None) -> None:
-        self._sums += np.bincount(idx, weights=r, minlength=self.n_arms)
-
-    def _params(self) -> dict[str, Any]:
-        return {**self._base_params(), "epsilon": self.epsilon, "decay": self.decay}
-
-    def _get_data(self) -> dict[str, Any]:
-        return {"sums": self._sums}
-
-    def _set_data(self, data: dict[str, Any]) -> None:
-        self._sums = check_array_field(data, "sums", (self.n_arms,))
+        self.stats.learn(idx, r)
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:

@@ -7,10 +7,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from scipy.special import softmax
 
-from ._validation import check_positive_int, check_unit_interval
-from .base import ArmId, Policy, check_array_field
+from ._validation import check_positive_int, check_rate_or_horizon, check_unit_interval
+from .base import ArmId, Policy
+from .stats import ExpWeights
 
 __all__ = ["Exp3"]
 
@@ -20,9 +20,11 @@ class Exp3(Policy):
 
     The arm is drawn from ``p_i = (1 - gamma) w_i / sum_j w_j + gamma / K``; after observing
     reward r (rescaled to [0, 1]) of the pulled arm i, ``w_i <- w_i exp(gamma r / (p_i K))``.
-    The weights are kept as logarithms and re-centred to a maximum of 0 after every update, so
-    they never overflow: the probabilities stay exact for any number of updates (river's
-    ``Exp3`` multiplies raw weights and overflows after about 61k updates).
+    The weights are kept as logarithms, ``ln w_i = gamma G_i / K`` with the estimated cumulative
+    gains ``G_i`` re-centred to a maximum of 0 after every update
+    (:class:`~adaptive_spec.bandits.stats.ExpWeights`, shared with Hedge), so they never
+    overflow: the probabilities stay exact for any number of updates (river's ``Exp3``
+    multiplies raw weights and overflows after about 61k updates).
     With gamma tuned to a horizon T (``gamma = min(1, sqrt(K ln K / ((e - 1) T)))``) the
     expected regret against the best fixed arm is at most ``2 sqrt(e - 1) sqrt(T K ln K)``
     (about ``2.63 sqrt(T K ln K)``), for any reward sequence.
@@ -67,6 +69,7 @@ class Exp3(Policy):
     name = "exp3"
     randomized = True
     requires_bounded_rewards = True
+    _stats = ("stats",)
 
     def __init__(
         self,
@@ -78,9 +81,7 @@ class Exp3(Policy):
         seed: int | None = None,
     ) -> None:
         super().__init__(arms, seed=seed, reward_range=reward_range)
-        if gamma is not None and horizon is not None:
-            raise ValueError("give gamma or horizon, not both")
-        self.horizon = None if horizon is None else check_positive_int("horizon", horizon)
+        gamma, self.horizon = check_rate_or_horizon("gamma", gamma, horizon, check_unit_interval)
         if gamma is None:
             k = self.n_arms
             gamma = (
@@ -91,30 +92,28 @@ class Exp3(Policy):
             if gamma == 0.0:  # one arm: nothing to explore
                 gamma = 1.0
         self.gamma = check_unit_interval("gamma", gamma)
-        self._log_weights = np.zeros(self.n_arms)
+        self.stats = ExpWeights(self.n_arms)
 
     def _probs(self, X: np.ndarray | None, n: int) -> np.ndarray:
-        return (1.0 - self.gamma) * softmax(self._log_weights) + self.gamma / self.n_arms
+        k = self.n_arms
+        return (1.0 - self.gamma) * self.stats.softmax(self.gamma / k) + self.gamma / k
 
     def _learn(self, idx: np.ndarray, r: np.ndarray, X: np.ndarray | None) -> None:
         p = self._probs(None, 1)
-        gain = self.gamma * r / (p[idx] * self.n_arms)
-        self._log_weights += np.bincount(idx, weights=gain, minlength=self.n_arms)
-        self._log_weights -= self._log_weights.max()
+        self.stats.add(np.bincount(idx, weights=r / p[idx], minlength=self.n_arms))
 
     def _learn_full(self, R: np.ndarray, X: np.ndarray | None) -> None:
-        self._log_weights += self.gamma * R.sum(axis=0) / self.n_arms
-        self._log_weights -= self._log_weights.max()
+        self.stats.add(R.sum(axis=0))
 
     def _params(self) -> dict[str, Any]:
-        # gamma is stored resolved, so horizon is not needed to rebuild.
-        return {**self._base_params(), "gamma": self.gamma, "reward_range": self._reward_range}
+        # gamma is stored resolved, so horizon is not needed to rebuild (it is kept as data).
+        return {k: v for k, v in super()._params().items() if k != "horizon"}
 
     def _get_data(self) -> dict[str, Any]:
-        return {"log_weights": self._log_weights, "horizon": self.horizon}
+        return {**super()._get_data(), "horizon": self.horizon}
 
     def _set_data(self, data: dict[str, Any]) -> None:
-        self._log_weights = check_array_field(data, "log_weights", (self.n_arms,))
+        super()._set_data(data)
         h = data["horizon"]
         self.horizon = None if h is None else check_positive_int("horizon", h)
 

@@ -7,10 +7,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from scipy.special import softmax
 
-from ._validation import check_positive_float, check_positive_int
-from .base import ArmId, Policy, check_array_field
+from ._validation import check_positive_float, check_rate_or_horizon
+from .base import ArmId, Policy
+from .stats import ExpWeights
 
 __all__ = ["Hedge"]
 
@@ -21,8 +21,9 @@ class Hedge(Policy):
     For when every arm's outcome is known after the fact (full information), as for
     deterministic proposers (n-gram, Jacobi) scored counterfactually on the tokens the target
     emitted: learn with :meth:`update_full`; :meth:`update` and :meth:`update_batch` refuse
-    bandit feedback. Cumulative rewards are rescaled to [0, 1] per round and the weights are
-    computed in the log domain (softmax), so they never overflow.
+    bandit feedback. Rewards are rescaled to [0, 1] per round and the cumulative rewards are kept
+    re-centred in the log domain (:class:`~adaptive_spec.bandits.stats.ExpWeights`, shared with
+    EXP3), so the weights never overflow.
 
     Learning rate: a fixed ``eta``; or tuned to a horizon T, ``eta = sqrt(8 ln K / T)``
     (regret at most ``sqrt(T ln K / 2)``); or by default the anytime schedule
@@ -67,6 +68,7 @@ class Hedge(Policy):
     randomized = True
     full_information_only = True
     requires_bounded_rewards = True
+    _stats = ("stats",)
 
     def __init__(
         self,
@@ -78,11 +80,8 @@ class Hedge(Policy):
         seed: int | None = None,
     ) -> None:
         super().__init__(arms, seed=seed, reward_range=reward_range)
-        if eta is not None and horizon is not None:
-            raise ValueError("give eta or horizon, not both")
-        self.eta = None if eta is None else check_positive_float("eta", eta)
-        self.horizon = None if horizon is None else check_positive_int("horizon", horizon)
-        self._gains = np.zeros(self.n_arms)
+        self.eta, self.horizon = check_rate_or_horizon("eta", eta, horizon, check_positive_float)
+        self.stats = ExpWeights(self.n_arms)
         self._rounds = 0
 
     @property
@@ -95,28 +94,20 @@ class Hedge(Policy):
         return math.sqrt(8.0 * log_k / (self.horizon or self._rounds + 1))
 
     def _probs(self, X: np.ndarray | None, n: int) -> np.ndarray:
-        return softmax(self.current_eta * (self._gains - self._gains.max()))
+        return self.stats.softmax(self.current_eta)
 
     def _learn(self, idx: np.ndarray, r: np.ndarray, X: np.ndarray | None) -> None:
         self._refuse_bandit_feedback()
 
     def _learn_full(self, R: np.ndarray, X: np.ndarray | None) -> None:
-        self._gains += R.sum(axis=0)
+        self.stats.add(R.sum(axis=0))
         self._rounds += R.shape[0]
 
-    def _params(self) -> dict[str, Any]:
-        return {
-            **self._base_params(),
-            "eta": self.eta,
-            "horizon": self.horizon,
-            "reward_range": self._reward_range,
-        }
-
     def _get_data(self) -> dict[str, Any]:
-        return {"gains": self._gains, "rounds": self._rounds}
+        return {**super()._get_data(), "rounds": self._rounds}
 
     def _set_data(self, data: dict[str, Any]) -> None:
-        self._gains = check_array_field(data, "gains", (self.n_arms,))
+        super()._set_data(data)
         rounds = data["rounds"]
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
             raise ValueError(f"rounds must be an int >= 0, got {rounds!r}")

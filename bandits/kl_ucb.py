@@ -9,7 +9,8 @@ import numpy as np
 from scipy.special import rel_entr
 
 from ._validation import check_positive_float
-from .base import ArmId, Policy, check_array_field
+from .base import ArmId, Policy
+from .stats import ArmSums
 
 __all__ = ["KLUCB", "bernoulli_kl", "kl_upper_bound"]
 
@@ -93,6 +94,7 @@ class KLUCB(Policy):
 
     name = "kl-ucb"
     requires_bounded_rewards = True
+    _stats = ("stats",)
 
     def __init__(
         self,
@@ -104,30 +106,21 @@ class KLUCB(Policy):
     ) -> None:
         super().__init__(arms, seed=seed, reward_range=reward_range)
         self.c = check_positive_float("c", c, allow_zero=True)
-        self._sums = np.zeros(self.n_arms)
+        self.stats = ArmSums(self.n_arms)
 
     def _scores(self, X: np.ndarray | None, n: int) -> np.ndarray:
-        counts = self._counts
+        counts = self.stats.counts
         t = max(int(counts.sum()), 1)
         explore = np.log(t) + (self.c * np.log(np.log(t)) if t > np.e else 0.0)
         seen = counts > 0
         out = np.full(self.n_arms, np.inf)
         if seen.any():
-            mean = np.clip(self._sums[seen] / counts[seen], 0.0, 1.0)
+            mean = np.clip(self.stats.sums[seen] / counts[seen], 0.0, 1.0)
             out[seen] = kl_upper_bound(mean, max(explore, 0.0) / counts[seen])
         return out
 
     def _learn(self, idx: np.ndarray, r: np.ndarray, X: np.ndarray | None) -> None:
-        self._sums += np.bincount(idx, weights=r, minlength=self.n_arms)
-
-    def _params(self) -> dict[str, Any]:
-        return {**self._base_params(), "c": self.c, "reward_range": self._reward_range}
-
-    def _get_data(self) -> dict[str, Any]:
-        return {"sums": self._sums}
-
-    def _set_data(self, data: dict[str, Any]) -> None:
-        self._sums = check_array_field(data, "sums", (self.n_arms,))
+        self.stats.learn(idx, r)
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:

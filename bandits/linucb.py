@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from ._ridge import DisjointRidge
 from ._validation import check_positive_float
 from .base import ArmId, Policy
+from .stats import DisjointRidge
 
 __all__ = ["LinUCB"]
 
@@ -54,6 +54,7 @@ class LinUCB(Policy):
 
     name = "linucb"
     contextual = True
+    _stats = ("stats",)
 
     def __init__(
         self,
@@ -67,30 +68,21 @@ class LinUCB(Policy):
         super().__init__(arms, seed=seed, dim=dim)
         self.alpha = check_positive_float("alpha", alpha, allow_zero=True)
         self.reg = check_positive_float("reg", reg)
-        self._ridge = DisjointRidge(self.n_arms, int(self._dim or 0), self.reg)
+        self.stats = DisjointRidge(self.n_arms, int(self._dim or 0), self.reg)
 
     @property
     def theta(self) -> np.ndarray:
         """Ridge coefficients of every arm, float64 ``[K, dim]`` (a copy)."""
-        return self._ridge.theta.copy()
+        return self.stats.theta.copy()
 
     def _scores(self, X: np.ndarray | None, n: int) -> np.ndarray:
         assert X is not None
-        mean, var = self._ridge.moments(X)
+        mean, var = self.stats.moments(X)
         return mean + self.alpha * np.sqrt(var)
 
     def _learn(self, idx: np.ndarray, r: np.ndarray, X: np.ndarray | None) -> None:
         assert X is not None
-        self._ridge.learn(idx, r, X)
-
-    def _params(self) -> dict[str, Any]:
-        return {**self._base_params(), "alpha": self.alpha, "reg": self.reg}
-
-    def _get_data(self) -> dict[str, Any]:
-        return self._ridge.get_data()
-
-    def _set_data(self, data: dict[str, Any]) -> None:
-        self._ridge.set_data(data)
+        self.stats.learn(idx, r, X)
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:

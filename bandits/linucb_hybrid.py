@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from ._ridge import _outer_group_sum, group_sum
-from ._validation import check_finite_array, check_positive_float
-from .base import ArmId, Policy, check_array_field
+from ._validation import check_array_field, check_finite_array, check_positive_float
+from .base import ArmId, Policy
+from .stats import group_sum, outer_group_sum
 
 __all__ = ["LinUCBHybrid"]
 
@@ -128,6 +128,11 @@ class LinUCBHybrid(Policy):
         return (F[:, :, None] * X[:, None, :]).reshape(X.shape[0], self._k)
 
     @property
+    def arm_features(self) -> np.ndarray | None:
+        """Features of each arm, float64 ``[K, m]``, or ``None``."""
+        return self._features
+
+    @property
     def beta(self) -> np.ndarray:
         """Shared coefficients, float64 ``[k]`` (a copy)."""
         return self._beta.copy()
@@ -165,20 +170,12 @@ class LinUCBHybrid(Policy):
         K = self.n_arms
         self._Z0 += Z.T @ Z
         self._bz += Z.T @ r
-        self._A += _outer_group_sum(idx, X, X, K)
-        self._B += _outer_group_sum(idx, X, Z, K)
+        self._A += outer_group_sum(idx, X, X, K)
+        self._B += outer_group_sum(idx, X, Z, K)
         self._b += group_sum(idx, X * r[:, None], K)
         self._refresh()
 
     # ---------------------------------------------------------------- state
-    def _params(self) -> dict[str, Any]:
-        return {
-            **self._base_params(),
-            "arm_features": self._features,
-            "alpha": self.alpha,
-            "reg": self.reg,
-        }
-
     def _get_data(self) -> dict[str, Any]:
         return {"Z0": self._Z0, "bz": self._bz, "A": self._A, "B": self._B, "b": self._b}
 

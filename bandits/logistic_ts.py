@@ -1,10 +1,13 @@
 """Online Bayesian logistic regression with a diagonal Laplace posterior (Thompson sampling).
 
-The controller keeps one :class:`LogisticThompson` per proposer and uses it to predict, from a
-feature vector describing a request and a draft position, the probability that the target
-model accepts the draft token there (the per-position acceptance rate alpha). Exploration comes
+A :class:`LogisticThompson` predicts, from a feature vector describing a request and a draft
+position, the probability that the target model accepts the draft token there (the per-position
+acceptance rate alpha): a smooth alternative to the adaptive controller's calibrated counts per
+context cell (:mod:`adaptive_spec.core.acceptance`, which the controller uses). Exploration comes
 from the posterior's uncertainty: a Thompson draw (:meth:`LogisticThompson.sample_proba`) or an
 upper confidence bound on the logit (:meth:`LogisticThompson.ucb_proba`).
+:class:`~adaptive_spec.bandits.LogisticThompsonPolicy` keeps one model per arm as a contextual
+bandit.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from ._validation import (
     rng_from_state,
     rng_state,
 )
+from .stats import Groups
 
 __all__ = ["LogisticThompson", "laplace_update", "laplace_update_grouped"]
 
@@ -437,25 +441,6 @@ def laplace_update(
     return w, q + (X * X).T @ (s * p * (1.0 - p))
 
 
-class _Groups:
-    """Row sums per group via one stable sort and ``np.add.reduceat`` (faster than ``add.at``)."""
-
-    def __init__(self, group: np.ndarray, n_groups: int) -> None:
-        self.order = np.argsort(group, kind="stable")
-        g = group[self.order]
-        self.starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if g.size else g
-        self.ids = g[self.starts] if g.size else g
-        self.n_groups = n_groups
-
-    def sum(self, values: np.ndarray) -> np.ndarray:
-        """``out[g] = sum of values[j] over rows j of group g``, values given in sorted order."""
-        flat = values.reshape(values.shape[0], -1)  # reduceat is fastest on 2-D input
-        out = np.zeros((self.n_groups, flat.shape[1]))
-        if self.starts.size:
-            out[self.ids] = np.add.reduceat(flat, self.starts, axis=0)
-        return out.reshape(self.n_groups, *values.shape[1:])
-
-
 def laplace_update_grouped(
     X: np.ndarray,
     y: np.ndarray,
@@ -489,7 +474,7 @@ def laplace_update_grouped(
         New means and precisions, float64 ``[G, dim]`` each.
     """
     n_groups, dim = means.shape
-    groups = _Groups(group, n_groups)
+    groups = Groups(group, n_groups)
     X, y, group = X[groups.order], y[groups.order], group[groups.order]
     q = prior_prec + discount * (precs - prior_prec)
     m = means

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 from scipy.special import expit
 
-from ._validation import check_positive_float, check_unit_interval
-from .base import ArmId, Policy, check_array_field
+from ._validation import check_array_field, check_positive_float, check_unit_interval
+from .base import ArmId, Policy
 from .logistic_ts import laplace_update_grouped
 
 __all__ = ["LogisticThompsonPolicy"]
@@ -50,6 +50,7 @@ class LogisticThompsonPolicy(Policy):
     name = "logistic-ts"
     contextual = True
     has_probabilities = False
+    binary_rewards = True
 
     def __init__(
         self,
@@ -66,15 +67,6 @@ class LogisticThompsonPolicy(Policy):
         d = int(self._dim or 0)
         self._means = np.zeros((self.n_arms, d))
         self._precs = np.full((self.n_arms, d), 1.0 / self.prior_var)
-
-    def _scale(self, r: np.ndarray, name: str) -> np.ndarray:
-        bad = (r != 0.0) & (r != 1.0)
-        if bad.any():
-            i = int(np.flatnonzero(bad.ravel())[0])
-            raise ValueError(
-                f"{name} must be 0 or 1 for {self.name}; found {r.ravel()[i]!r} at flat index {i}"
-            )
-        return r
 
     def predict_proba(self, contexts: np.ndarray) -> np.ndarray:
         """Posterior-mean probability of reward 1 for every request and arm.
@@ -98,14 +90,16 @@ class LogisticThompsonPolicy(Policy):
         """
         X, _ = self._check_contexts(contexts, None)
         assert X is not None
-        mu = X @ self._means.T
-        var = (X * X) @ (1.0 / self._precs).T
+        mu, var = self._logit_moments(X)
         return expit(mu / np.sqrt(1.0 + (np.pi / 8.0) * var))
+
+    def _logit_moments(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and variance of every arm's logit for every row, ``[n, K]`` each."""
+        return X @ self._means.T, (X * X) @ (1.0 / self._precs).T
 
     def _scores(self, X: np.ndarray | None, n: int) -> np.ndarray:
         assert X is not None
-        mu = X @ self._means.T
-        var = (X * X) @ (1.0 / self._precs).T
+        mu, var = self._logit_moments(X)
         return mu + np.sqrt(var) * self._rng.standard_normal(mu.shape)
 
     def _learn(self, idx: np.ndarray, r: np.ndarray, X: np.ndarray | None) -> None:
@@ -122,9 +116,6 @@ class LogisticThompsonPolicy(Policy):
         )
         self._means[touched] = means
         self._precs[touched] = precs
-
-    def _params(self) -> dict[str, Any]:
-        return {**self._base_params(), "prior_var": self.prior_var, "discount": self.discount}
 
     def _get_data(self) -> dict[str, Any]:
         return {"means": self._means, "precisions": self._precs}

@@ -7,12 +7,10 @@ from typing import Any
 
 from .base import ArmId, Policy
 from .discounted_thompson import DiscountedThompson
-from .discounted_ucb import DiscountedUCB
 from .epsilon_greedy import EpsilonGreedy
 from .exp3 import Exp3
 from .hedge import Hedge
 from .kl_ucb import KLUCB
-from .lin_ts import LinearThompson
 from .linucb import LinUCB
 from .linucb_hybrid import LinUCBHybrid
 from .logistic_ts_policy import LogisticThompsonPolicy
@@ -37,11 +35,9 @@ POLICIES: dict[str, type[Policy]] = {
         ThompsonGaussian,
         LinUCB,
         LinUCBHybrid,
-        LinearThompson,
         LogisticThompsonPolicy,
         Hedge,
         SlidingWindowUCB,
-        DiscountedUCB,
         DiscountedThompson,
     )
 }
@@ -76,8 +72,8 @@ def make_policy(name: str, arms: Sequence[ArmId], **kwargs: Any) -> Policy:
     name : str
         One of :func:`available_policies`: ``"ucb1"``, ``"ucb-tuned"``, ``"kl-ucb"``,
         ``"exp3"``, ``"epsilon-greedy"``, ``"thompson-beta"``, ``"thompson-gaussian"``,
-        ``"linucb"``, ``"linucb-hybrid"``, ``"lin-ts"``, ``"logistic-ts"``, ``"hedge"``,
-        ``"sw-ucb"``, ``"discounted-ucb"``, ``"discounted-thompson"``.
+        ``"linucb"``, ``"linucb-hybrid"``, ``"logistic-ts"``, ``"hedge"``, ``"sw-ucb"``,
+        ``"discounted-thompson"``.
     arms : sequence of str or int
         Distinct arm ids.
     **kwargs

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from ._validation import check_positive_float
-from .base import ArmId, Policy, check_array_field
+from .base import ArmId, Policy
+from .stats import BetaPosterior
 
 __all__ = ["ThompsonBeta"]
 
@@ -19,7 +20,8 @@ class ThompsonBeta(Policy):
     Arm i's posterior is ``Beta(alpha0 + S_i, beta0 + F_i)`` where ``S_i`` sums its rewards and
     ``F_i`` sums one minus its rewards (rewards rescaled to [0, 1] from ``reward_range``; a
     fractional reward r counts as r of a success and 1 - r of a failure, the expected update
-    of Agrawal & Goyal's Bernoulli trick without its extra noise). Each pull draws one sample
+    of Agrawal & Goyal's Bernoulli trick without its extra noise; a
+    :class:`~adaptive_spec.bandits.stats.BetaPosterior`). Each pull draws one sample
     per arm (per request in a batch) and takes the largest. Regret is
     ``O(sum_i ln T / gap_i)``, asymptotically optimal for Bernoulli rewards.
 
@@ -46,6 +48,7 @@ class ThompsonBeta(Policy):
     name = "thompson-beta"
     requires_bounded_rewards = True
     has_probabilities = False
+    _stats = ("stats",)
 
     def __init__(
         self,
@@ -59,36 +62,18 @@ class ThompsonBeta(Policy):
         super().__init__(arms, seed=seed, reward_range=reward_range)
         self.alpha0 = check_positive_float("alpha0", alpha0)
         self.beta0 = check_positive_float("beta0", beta0)
-        self._successes = np.zeros(self.n_arms)
-        self._failures = np.zeros(self.n_arms)
+        self.stats = BetaPosterior(self.n_arms, self.alpha0, self.beta0)
 
     @property
     def posterior(self) -> tuple[np.ndarray, np.ndarray]:
         """Beta parameters ``(alpha, beta)`` of every arm, float64 ``[K]`` each."""
-        return self.alpha0 + self._successes, self.beta0 + self._failures
+        return self.stats.params()
 
     def _scores(self, X: np.ndarray | None, n: int) -> np.ndarray:
-        a, b = self.posterior
-        return self._rng.beta(a, b, size=(n, self.n_arms))
+        return self.stats.sample(self._rng, n)
 
     def _learn(self, idx: np.ndarray, r: np.ndarray, X: np.ndarray | None) -> None:
-        self._successes += np.bincount(idx, weights=r, minlength=self.n_arms)
-        self._failures += np.bincount(idx, weights=1.0 - r, minlength=self.n_arms)
-
-    def _params(self) -> dict[str, Any]:
-        return {
-            **self._base_params(),
-            "alpha0": self.alpha0,
-            "beta0": self.beta0,
-            "reward_range": self._reward_range,
-        }
-
-    def _get_data(self) -> dict[str, Any]:
-        return {"successes": self._successes, "failures": self._failures}
-
-    def _set_data(self, data: dict[str, Any]) -> None:
-        self._successes = check_array_field(data, "successes", (self.n_arms,))
-        self._failures = check_array_field(data, "failures", (self.n_arms,))
+        self.stats.learn(idx, r)
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:

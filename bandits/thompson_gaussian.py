@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from ._validation import check_positive_float
-from .base import ArmId, Policy, check_array_field
+from .base import ArmId, Policy
+from .stats import ArmSums
 
 __all__ = ["ThompsonGaussian"]
 
@@ -43,6 +44,7 @@ class ThompsonGaussian(Policy):
 
     name = "thompson-gaussian"
     has_probabilities = False
+    _stats = ("stats",)
 
     def __init__(
         self,
@@ -59,13 +61,13 @@ class ThompsonGaussian(Policy):
         self.prior_mean = float(prior_mean)
         self.prior_var = check_positive_float("prior_var", prior_var)
         self.noise_var = check_positive_float("noise_var", noise_var)
-        self._sums = np.zeros(self.n_arms)
+        self.stats = ArmSums(self.n_arms)
 
     @property
     def posterior(self) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean and variance of every arm's mean reward, float64 ``[K]`` each."""
-        prec = 1.0 / self.prior_var + self._counts / self.noise_var
-        mean = (self.prior_mean / self.prior_var + self._sums / self.noise_var) / prec
+        prec = 1.0 / self.prior_var + self.stats.counts / self.noise_var
+        mean = (self.prior_mean / self.prior_var + self.stats.sums / self.noise_var) / prec
         return mean, 1.0 / prec
 
     def _scores(self, X: np.ndarray | None, n: int) -> np.ndarray:
@@ -73,21 +75,7 @@ class ThompsonGaussian(Policy):
         return mean + np.sqrt(var) * self._rng.standard_normal((n, self.n_arms))
 
     def _learn(self, idx: np.ndarray, r: np.ndarray, X: np.ndarray | None) -> None:
-        self._sums += np.bincount(idx, weights=r, minlength=self.n_arms)
-
-    def _params(self) -> dict[str, Any]:
-        return {
-            **self._base_params(),
-            "prior_mean": self.prior_mean,
-            "prior_var": self.prior_var,
-            "noise_var": self.noise_var,
-        }
-
-    def _get_data(self) -> dict[str, Any]:
-        return {"sums": self._sums}
-
-    def _set_data(self, data: dict[str, Any]) -> None:
-        self._sums = check_array_field(data, "sums", (self.n_arms,))
+        self.stats.learn(idx, r)
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:

@@ -1,19 +1,51 @@
-"""UCB1 (Auer, Cesa-Bianchi & Fischer 2002)."""
+"""UCB1 (Auer, Cesa-Bianchi & Fischer 2002) and the index it shares with sliding-window UCB."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from ._validation import check_positive_float
-from .base import ArmId, Policy, check_array_field
+from .base import ArmId, Policy
+from .stats import ArmSums, WindowSums
 
-__all__ = ["UCB1"]
+__all__ = ["UCB1", "ucb_index"]
 
 
-class UCB1(Policy):
+def ucb_index(stats: ArmSums | WindowSums, width: float) -> np.ndarray:
+    """The upper confidence bound ``S_i / N_i + width sqrt(ln T / N_i)`` of every arm, ``[K]``.
+
+    ``N_i`` and ``S_i`` are the (weighted) count and reward sum of arm i in ``stats`` and
+    ``T = max(sum_i N_i, 1)``; an arm with ``N_i = 0`` gets +inf (it is tried first). UCB1 takes
+    ``width = c sqrt(2)`` on all observations; SW-UCB ``sqrt(xi)`` on the window's (where T is
+    ``min(t, window)``).
+    """
+    counts = stats.counts
+    log_t = math.log(max(float(counts.sum()), 1.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        index = stats.sums / counts + width * np.sqrt(log_t / counts)
+    return np.where(counts > 0, index, np.inf)
+
+
+class _IndexUCB(Policy):
+    """A UCB policy over one statistic object ``stats`` and a bonus ``width`` (see :func:`ucb_index`)."""
+
+    requires_bounded_rewards = True
+    _stats = ("stats",)
+    stats: ArmSums | WindowSums
+    width: float
+
+    def _scores(self, X: np.ndarray | None, n: int) -> np.ndarray:
+        return ucb_index(self.stats, self.width)
+
+    def _learn(self, idx: np.ndarray, r: np.ndarray, X: np.ndarray | None) -> None:
+        self.stats.learn(idx, r)
+
+
+class UCB1(_IndexUCB):
     """UCB1: pull the arm with the largest upper confidence bound on its mean reward.
 
     Index of arm i after t observations in total, n_i of them on arm i, mean reward mu_i
@@ -51,7 +83,6 @@ class UCB1(Policy):
     """
 
     name = "ucb1"
-    requires_bounded_rewards = True
 
     def __init__(
         self,
@@ -63,26 +94,8 @@ class UCB1(Policy):
     ) -> None:
         super().__init__(arms, seed=seed, reward_range=reward_range)
         self.c = check_positive_float("c", c)
-        self._sums = np.zeros(self.n_arms)
-
-    def _scores(self, X: np.ndarray | None, n: int) -> np.ndarray:
-        counts = self._counts
-        t = counts.sum()
-        with np.errstate(divide="ignore", invalid="ignore"):
-            index = self._sums / counts + self.c * np.sqrt(2.0 * np.log(max(t, 1)) / counts)
-        return np.where(counts > 0, index, np.inf)
-
-    def _learn(self, idx: np.ndarray, r: np.ndarray, X: np.ndarray | None) -> None:
-        self._sums += np.bincount(idx, weights=r, minlength=self.n_arms)
-
-    def _params(self) -> dict[str, Any]:
-        return {**self._base_params(), "c": self.c, "reward_range": self._reward_range}
-
-    def _get_data(self) -> dict[str, Any]:
-        return {"sums": self._sums}
-
-    def _set_data(self, data: dict[str, Any]) -> None:
-        self._sums = check_array_field(data, "sums", (self.n_arms,))
+        self.width = self.c * math.sqrt(2.0)
+        self.stats = ArmSums(self.n_arms)
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:

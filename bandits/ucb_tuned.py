@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import ArmId, Policy, check_array_field
+from .base import ArmId, Policy
+from .stats import ArmSums
 
 __all__ = ["UCBTuned"]
 
@@ -39,6 +40,7 @@ class UCBTuned(Policy):
 
     name = "ucb-tuned"
     requires_bounded_rewards = True
+    _stats = ("stats",)
 
     def __init__(
         self,
@@ -48,32 +50,20 @@ class UCBTuned(Policy):
         seed: int | None = None,
     ) -> None:
         super().__init__(arms, seed=seed, reward_range=reward_range)
-        self._sums = np.zeros(self.n_arms)
-        self._sq_sums = np.zeros(self.n_arms)
+        self.stats = ArmSums(self.n_arms, squares=True)
 
     def _scores(self, X: np.ndarray | None, n: int) -> np.ndarray:
-        counts = self._counts
+        counts = self.stats.counts
         log_t = np.log(max(int(counts.sum()), 1))
         with np.errstate(divide="ignore", invalid="ignore"):
-            mean = self._sums / counts
-            var = np.maximum(self._sq_sums / counts - mean * mean, 0.0)
+            mean = self.stats.sums / counts
+            var = np.maximum(self.stats.sq_sums / counts - mean * mean, 0.0)
             v = var + np.sqrt(2.0 * log_t / counts)
             index = mean + np.sqrt(log_t / counts * np.minimum(0.25, v))
         return np.where(counts > 0, index, np.inf)
 
     def _learn(self, idx: np.ndarray, r: np.ndarray, X: np.ndarray | None) -> None:
-        self._sums += np.bincount(idx, weights=r, minlength=self.n_arms)
-        self._sq_sums += np.bincount(idx, weights=r * r, minlength=self.n_arms)
-
-    def _params(self) -> dict[str, Any]:
-        return {**self._base_params(), "reward_range": self._reward_range}
-
-    def _get_data(self) -> dict[str, Any]:
-        return {"sums": self._sums, "sq_sums": self._sq_sums}
-
-    def _set_data(self, data: dict[str, Any]) -> None:
-        self._sums = check_array_field(data, "sums", (self.n_arms,))
-        self._sq_sums = check_array_field(data, "sq_sums", (self.n_arms,))
+        self.stats.learn(idx, r)
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:

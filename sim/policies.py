@@ -12,7 +12,10 @@ that model's shipped acceptance prior, as it does in the engine.
 * ``per-request-static``: :class:`~adaptive_spec.sim.oracle.PerRequestStaticPolicy`;
 * ``smartspec[:<proposer>]``, ``smartspec+[:<proposer>]``: :class:`~adaptive_spec.core.peers.SmartSpecPolicy`
   (``+``: also scores unverified drafts);
-* ``banditspec[:<proposer>]``: :class:`~adaptive_spec.core.peers.BanditSpecPolicy`.
+* ``banditspec[:<proposer>]``: :class:`~adaptive_spec.core.peers.BanditSpecPolicy`;
+* ``bandit:<learner>`` (through ``make_policy``): a learner of :mod:`adaptive_spec.bandits` over every
+  arm, :class:`~adaptive_spec.core.bandit_policy.BanditPolicy`, pricing its rewards' time split with the
+  replay's cost profile like the adaptive controller.
 """
 
 from __future__ import annotations

@@ -137,3 +137,43 @@ def test_epsilon_greedy_exploits_the_same_arm_as_river() -> None:
         river_eg.update(arm, reward)
         ours.update(arm, reward)
         assert ours.pull() == river_eg.pull(arms) or t < 2
+
+
+def test_shared_statistics_equal_rivers_per_arm_streams() -> None:
+    """ArmSums (UCB family, Thompson) and WindowSums (SW-UCB) against river's scalar statistics.
+
+    river keeps one stream per object, updated one value per call: per arm a ``stats.Mean`` and a
+    ``stats.Var`` for the plain sums, and for SW-UCB's window (the last w observations of all arms
+    together) a ``utils.Rolling`` sum per arm over the stream ``r * 1{arm}``."""
+    from adaptive_spec.bandits.stats import ArmSums, WindowSums
+
+    stats = pytest.importorskip("river.stats")
+    utils = pytest.importorskip("river.utils")
+    rng = np.random.default_rng(9)
+    k, window = 3, 25
+    plain = ArmSums(k, squares=True)
+    windowed = WindowSums(k, window)
+    means = [stats.Mean() for _ in range(k)]
+    variances = [stats.Var(ddof=0) for _ in range(k)]
+    rolling_sum = [utils.Rolling(stats.Sum, window_size=window) for _ in range(k)]
+    rolling_count = [utils.Rolling(stats.Sum, window_size=window) for _ in range(k)]
+    for n in (1, 7, 30, 2, 25, 11):
+        idx = rng.integers(0, k, n)
+        r = rng.random(n)
+        plain.learn(idx, r)
+        windowed.learn(idx, r)
+        for a, x in zip(idx.tolist(), r.tolist(), strict=True):
+            means[a].update(x)
+            variances[a].update(x)
+            for b in range(k):
+                rolling_sum[b].update(x if b == a else 0.0)
+                rolling_count[b].update(1.0 if b == a else 0.0)
+        seen = plain.counts > 0  # river's Mean of nothing is 0, ours NaN
+        river_means = np.array([m.get() for m in means])
+        np.testing.assert_allclose(plain.means()[seen], river_means[seen], rtol=1e-12)
+        assert np.isnan(plain.means()[~seen]).all()
+        var = plain.sq_sums[seen] / plain.counts[seen] - plain.means()[seen] ** 2
+        river_var = np.array([v.get() for v in variances])
+        np.testing.assert_allclose(var, river_var[seen], atol=1e-12)
+        np.testing.assert_array_equal(windowed.counts, [c.get() for c in rolling_count])
+        np.testing.assert_allclose(windowed.sums, [s.get() for s in rolling_sum], atol=1e-12)

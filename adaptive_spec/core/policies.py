@@ -11,7 +11,10 @@
 * ``smartspec:<proposer>``: SmartSpec-style goodput rule, per-request k for one proposer
   (:class:`adaptive_spec.core.peers.SmartSpecPolicy`; Liu et al. 2024);
 * ``banditspec:<proposer>``: BanditSpec-style UCB over k per step for one proposer
-  (:class:`adaptive_spec.core.peers.BanditSpecPolicy`; Hou et al. 2025).
+  (:class:`adaptive_spec.core.peers.BanditSpecPolicy`; Hou et al. 2025);
+* ``bandit:<learner>``: a learner of :mod:`adaptive_spec.bandits` (``ucb1``, ``thompson-beta``,
+  ``linucb``, ...) over every arm ``(proposer, k)``, per request
+  (:class:`adaptive_spec.core.bandit_policy.BanditPolicy`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ POLICY_NAMES = (
     "table:<proposer>:<start>-<end>=<k>,...",
     "smartspec:<proposer>",
     "banditspec:<proposer>",
+    "bandit:<learner>",
 )
 _EXPLORATION = {
     "adaptive": "greedy",
@@ -90,6 +94,19 @@ def make_policy(
         if kind == "smartspec":
             return SmartSpecPolicy(proposers, max_k, proposer=proposer, cost_table=cost_table)
         return BanditSpecPolicy(proposers, max_k, proposer=proposer)
+    if name.startswith("bandit:"):
+        from adaptive_spec.core.bandit_policy import BanditPolicy
+
+        try:
+            return BanditPolicy(
+                proposers,
+                max_k,
+                learner=name.removeprefix("bandit:"),
+                seed=seed,
+                cost_table=cost_table,
+            )
+        except ValueError as e:
+            raise ValueError(f"policy={name!r}: {e}") from None
     raise ValueError(f"policy={name!r} is not known; allowed: {', '.join(POLICY_NAMES)}")
 
 

@@ -15,6 +15,9 @@ name                        kind     engine    what runs
 ``banditspec:<p>``          peer     main      BanditSpec's UCBSpec over k per step (Hou et al. 2025),
                                                :class:`adaptive_spec.core.peers.BanditSpecPolicy`
 ``table:<p>:<s>-<e>=<k>,..`` peer    main      vLLM's batch-size table emulated in this framework
+``bandit:<learner>``        peer     main      a learner of ``adaptive_spec.bandits`` over every arm (p, k)
+                                               of none, ngram and jacobi, per request
+                                               (:class:`adaptive_spec.core.bandit_policy.BanditPolicy`)
 ``adaptive``                adaptive main      the adaptive controller, default policy, no prior state
 ``adaptive+suffix``         adaptive main      the controller with the suffix proposer as well
 ``adaptive-ngram``          adaptive main      the controller with n-gram lookup only (none, ngram)
@@ -61,7 +64,7 @@ MT_BENCH = "mtbench"
 
 CONFIG_HELP = (
     "none, nospec, static:<ngram|jacobi|suffix|draft|lora:<name>>:<k>, smartspec:<p>, banditspec:<p>, "
-    "table:<p>:<s>-<e>=<k>,..., adaptive, adaptive+suffix, adaptive-ngram, adaptive-warm, adaptive-ucb, adaptive-greedy, adaptive-eps, "
+    "table:<p>:<s>-<e>=<k>,..., bandit:<learner>, adaptive, adaptive+suffix, adaptive-ngram, adaptive-warm, adaptive-ucb, adaptive-greedy, adaptive-eps, "
     "adaptive+draft, adaptive+lora, vllm-ngram, "
     "vllm-dynamic, hf-greedy, hf-pld"
 )
@@ -134,6 +137,14 @@ def parse_config(name: str, max_k: int = MAX_K) -> ConfigInfo:
                 f"config={name!r}: proposer {rest!r} is invalid; allowed: {', '.join(STATIC_PROPOSERS)}"
             )
         return ConfigInfo(name, "peer", "draft" if rest == "draft" else "main", rest)
+    if head == "bandit":
+        from adaptive_spec.core.bandit_policy import learner_name
+
+        try:
+            learner_name(rest)
+        except ValueError as e:
+            raise ValueError(f"config={name!r}: {e}") from None
+        return ConfigInfo(name, "peer", "main")
     if head == "table":
         prop, _, spec = rest.partition(":")
         if prop not in ("ngram", "jacobi") or not spec:

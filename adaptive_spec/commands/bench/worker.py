@@ -161,6 +161,8 @@ def config_proposers(name: str, engine: str, adapters: Sequence[str] = ()) -> li
         if name == "adaptive-ngram":
             return ["none", "ngram"]
         return [*ALL_PROPOSERS, "draft"] if name.endswith("+draft") else list(ALL_PROPOSERS)
+    if name.startswith("bandit:"):  # a learner over every arm of the main engine's proposers
+        return list(ALL_PROPOSERS)
     if info.proposer is None:
         raise ValueError(f"config={name!r} has no proposer to enable")
     return ["none", info.proposer]
