@@ -160,3 +160,79 @@ def test_every_package_is_installed() -> None:
     assert listed - found == set(), (
         f"pyproject.toml lists packages that do not exist: {sorted(listed - found)}"
     )
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (each import resolved to the longest module name it
+    starts with; the package facade left out)."""
+    modules = {dotted_name(p): p for p in all_sources()}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for _, target in imports_of(path):
+            parts = target.split(".")
+            for i in range(len(parts), 1, -1):
+                candidate = ".".join(parts[:i])
+                if candidate in modules:
+                    if candidate != name:
+                        graph[name].add(candidate)
+                    break
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    """Inside a layer too, modules import one way: no two modules reach each other."""
+    cycles = import_cycles(module_graph())
+    assert not cycles, "import cycles (each line: modules that import each other):\n" + "\n".join(
+        " <-> ".join(c) for c in cycles
+    )
+
+
+def test_the_cycle_check_sees_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
