@@ -33,7 +33,8 @@ def add_parser(sub: Any) -> None:
         default=DEFAULT_POLICIES,
         help="comma-separated policies: adaptive, adaptive-ucb, adaptive-greedy, adaptive-eps, none, "
         "static:<proposer>:<k>, table:<proposer>:<start>-<end>=<k>;..., smartspec[:<proposer>], "
-        "banditspec[:<proposer>], per-request-static, oracle, adaptive-hindsight (the controller "
+        "banditspec[:<proposer>], bandit:<learner> (a learner of adaptive_spec.bandits, e.g. "
+        "bandit:ucb1), per-request-static, oracle, adaptive-hindsight (the controller "
         "started with the acceptance counts of the whole trace: what its context features allow) "
         "(a table policy's rows are separated "
         f"by ';' here). Default {DEFAULT_POLICIES}",

@@ -144,7 +144,8 @@ def add_parser(sub: Any) -> None:
         "--policy",
         default="adaptive",
         help="adaptive (default), adaptive-ucb, adaptive-greedy, adaptive-eps, none, static:<proposer>:<k>, "
-        "table:<proposer>:<start>-<end>=<k>,...",
+        "table:<proposer>:<start>-<end>=<k>,..., bandit:<learner> (a learner of adaptive_spec.bandits, "
+        "e.g. bandit:ucb1; docs/bandits.md)",
     )
     p.add_argument(
         "--compare-static",
@@ -388,7 +389,7 @@ def check_args(args: argparse.Namespace) -> tuple[list[str], dict[str, Any], lis
 
         try:
             check_policy_flag(args.baseline, proposers, args.max_k)
-            if args.baseline.startswith(("adaptive", "smartspec", "banditspec")):
+            if args.baseline.startswith(("adaptive", "smartspec", "banditspec", "bandit:")):
                 raise ValueError("a learning policy cannot be the baseline")
         except ValueError as e:
             raise invalid_value(
