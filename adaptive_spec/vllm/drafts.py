@@ -25,20 +25,17 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from filelock import FileLock
 
 from adaptive_spec.core.paths import PACKAGE_DATA
 from adaptive_spec.vllm.models import (
     MANIFEST,
     MANIFEST_VERSION,
+    build_cached_dir,
     cache_dir,
     default_model_path,
-    is_valid_model_dir,
 )
 
 logger = logging.getLogger(__name__)
@@ -401,29 +398,15 @@ def assemble_cached(
         raise ValueError(f"dtype={dtype!r} is not supported; allowed: {', '.join(ALLOWED_DTYPES)}")
     spec = read_draft_spec(draft_dir)
     base = Path(root) if root is not None else cache_dir()
+    tdir = Path(target_dir) if target_dir is not None else None
+
+    def build(tmp: Path) -> None:
+        shutil.rmtree(tmp)  # assemble_draft creates its output directory itself
+        assemble_draft(draft_dir, tdir or default_model_path(dtype, root=root), tmp, dtype)
+        _write_manifest(tmp, dtype, spec.name)
+
     target = base / f"draft-{spec.name}-{spec.weights_sha256[:12]}-{dtype}"
-    if is_valid_model_dir(target, dtype, verify_hashes=False) and (target / ".verified").exists():
-        return target
-    base.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(base / f".{target.name}.lock")):
-        if is_valid_model_dir(target, dtype, verify_hashes=True):
-            (target / ".verified").touch()
-            return target
-        if target.exists():
-            logger.warning("cached draft at %s is incomplete or corrupt: rebuilding it", target)
-            shutil.rmtree(target)
-        tdir = Path(target_dir) if target_dir is not None else default_model_path(dtype, root=root)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=base))
-        try:
-            shutil.rmtree(tmp)
-            assemble_draft(draft_dir, tdir, tmp, dtype)
-            _write_manifest(tmp, dtype, spec.name)
-            os.replace(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        (target / ".verified").touch()
-    return target
+    return build_cached_dir(target, dtype, build, what="draft")
 
 
 def default_draft_path(dtype: str = "bfloat16", *, root: str | Path | None = None) -> Path:

@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from filelock import FileLock
@@ -148,23 +149,43 @@ def default_model_path(dtype: str = "bfloat16", *, root: Path | str | None = Non
     if dtype not in ALLOWED_DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported; allowed: {', '.join(ALLOWED_DTYPES)}")
     base = Path(root) if root is not None else cache_dir()
-    target = base / f"{MODEL_NAME}-{dtype}"
-    # Fast path: the size check alone; hashes are verified under the lock before a first use.
+
+    def build(tmp: Path) -> None:
+        _convert(gguf_path(), tmp, dtype)
+        _write_manifest(tmp, dtype)
+
+    return build_cached_dir(base / f"{MODEL_NAME}-{dtype}", dtype, build, what="model")
+
+
+def build_cached_dir(target: Path, dtype: str, build: Callable[[Path], None], *, what: str) -> Path:
+    """Return ``target``, a model directory in the cache, building it first if it is missing or
+    invalid.
+
+    The fast path checks file sizes only; hashes are verified once, under a file lock, before a
+    directory's first use (then marked ``.verified``). A missing, incomplete or corrupt directory is
+    rebuilt: ``build(tmp)`` writes every file and the manifest into a temporary sibling, which is then
+    renamed into place, so that no process ever loads a half-written directory. ``what`` names the
+    directory in the log line of a rebuild.
+
+    Raises
+    ------
+    Exception
+        Whatever ``build`` raises (the temporary directory is removed).
+    """
     if is_valid_model_dir(target, dtype, verify_hashes=False) and (target / ".verified").exists():
         return target
+    base = target.parent
     base.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(base / f".{MODEL_NAME}-{dtype}.lock")):
+    with FileLock(str(base / f".{target.name}.lock")):
         if is_valid_model_dir(target, dtype, verify_hashes=True):
             (target / ".verified").touch()
             return target
         if target.exists():
-            logger.warning("cached model at %s is incomplete or corrupt: rebuilding it", target)
+            logger.warning("cached %s at %s is incomplete or corrupt: rebuilding it", what, target)
             shutil.rmtree(target)
-        src = gguf_path()
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=base))
         try:
-            _convert(src, tmp, dtype)
-            _write_manifest(tmp, dtype)
+            build(tmp)
             os.replace(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
