@@ -178,63 +178,24 @@ def main(args: argparse.Namespace) -> int:
             pct(reg["oracle"].gap),
         )
     table.add_section()
+
+    def reference_row(name: str, goodput: float, *, ratio: bool = True, run: Any = None) -> None:
+        """A row of a reference (no regret columns): goodput, its ratio to ``none`` and, for a
+        replayed run, its accepted length and arms."""
+        cells = [name, f"{goodput:.1f}", f"{goodput / base:.2f}x" if ratio else ""]
+        cells += [f"{run.mean_accepted_length:.2f}", ""] if run is not None else ["", ""]
+        cells.append(arm_mix(dict(run.arm_counts), top=3) if run is not None else "")
+        table.add_row(*cells, *[""] * (len(cols) - len(cells)))
+
     bs = cmp.best_static
-    table.add_row(
-        f"best static ({bs})",
-        f"{cmp.static[bs]:.1f}",
-        f"{cmp.static[bs] / base:.2f}x",
-        "",
-        "",
-        "",
-        "",
-        "",
-        "",
+    reference_row(f"best static ({bs})", cmp.static[bs])
+    reference_row(
+        "per-request best static", cmp.per_request_static.goodput, run=cmp.per_request_static
     )
-    table.add_row(
-        "per-request best static",
-        f"{cmp.per_request_static.goodput:.1f}",
-        f"{cmp.per_request_static.goodput / base:.2f}x",
-        f"{cmp.per_request_static.mean_accepted_length:.2f}",
-        "",
-        arm_mix(dict(cmp.per_request_static.arm_counts), top=3),
-        "",
-        "",
-        "",
-    )
-    table.add_row(
-        "oracle",
-        f"{cmp.oracle.goodput:.1f}",
-        f"{cmp.oracle.goodput / base:.2f}x",
-        f"{cmp.oracle.mean_accepted_length:.2f}",
-        "",
-        arm_mix(dict(cmp.oracle.arm_counts), top=3),
-        "",
-        "",
-        "",
-    )
-    table.add_row(
-        "oracle bound (no schedule)",
-        f"{cmp.bound.goodput:.1f}",
-        f"{cmp.bound.goodput / base:.2f}x",
-        "",
-        "",
-        "",
-        "",
-        "",
-        "",
-    )
+    reference_row("oracle", cmp.oracle.goodput, run=cmp.oracle)
+    reference_row("oracle bound (no schedule)", cmp.bound.goodput)
     rec_policy = wl.trace.header.get("policy", "?")
-    table.add_row(
-        f"recorded run ({rec_policy}, measured)",
-        f"{wl.recorded_goodput:.1f}",
-        "",
-        "",
-        "",
-        "",
-        "",
-        "",
-        "",
-    )
+    reference_row(f"recorded run ({rec_policy}, measured)", wl.recorded_goodput, ratio=False)
     desc = profile.describe()
     fit = desc.get("fit")
     notes = [f"cost profile: {desc['name']} ({desc['source']})"]
