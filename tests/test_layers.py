@@ -1,4 +1,5 @@
-"""The layers import one way: kernels, bandits <- proposers <- core <- sim / integration <- commands.
+"""The layers import one way: kernels, bandits <- proposers <- core <- sim / integration <- commands
+(sim on the core and the proposers only).
 
 Every import counts, at module level or inside a function, and so does ``importlib.import_module`` with a
 literal name. vLLM may be imported only by the integration layer (``adaptive_spec/vllm/``). A failure names
@@ -20,7 +21,7 @@ LAYERS: dict[str, tuple[Path, frozenset[str]]] = {
     "bandits": (ROOT / "bandits", frozenset()),
     "proposers": (ROOT / "adaptive_spec" / "proposers", frozenset({"kernels"})),
     "core": (ROOT / "adaptive_spec" / "core", frozenset({"proposers", "kernels", "bandits"})),
-    "sim": (ROOT / "sim", frozenset({"core", "proposers", "kernels", "bandits"})),
+    "sim": (ROOT / "sim", frozenset({"core", "proposers"})),
     "vllm": (
         ROOT / "adaptive_spec" / "vllm",
         frozenset({"core", "proposers", "kernels", "bandits"}),
