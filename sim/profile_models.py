@@ -143,8 +143,29 @@ class CostProfile(ABC):
         return {"name": self.name, "source": self.source}
 
 
+class CountsCostProfile(CostProfile):
+    """A profile computed on the step's counts as float64 arrays: subclasses give
+    :meth:`_seconds`; :meth:`step_time` checks the counts (:func:`step_counts`) and returns a float
+    for numbers."""
+
+    def step_time(
+        self,
+        batch_size: StepCount,
+        verified_tokens: StepCount,
+        draft_passes: StepCount = 0,
+        prefill_tokens: StepCount = 0,
+    ) -> StepCount:
+        t = self._seconds(*step_counts(batch_size, verified_tokens, draft_passes, prefill_tokens))
+        return float(t) if np.ndim(t) == 0 else t
+
+    @abstractmethod
+    def _seconds(self, B: np.ndarray, V: np.ndarray, D: np.ndarray, P: np.ndarray) -> np.ndarray:
+        """Step time in seconds of counts ``B, V, D, P`` (float64, broadcast together; 0-d for a
+        single step)."""
+
+
 @dataclass(slots=True)
-class LinearCostProfile(CostProfile):
+class LinearCostProfile(CountsCostProfile):
     """``t = c0 + c_batch B + c_token V + c_draft_pass D + c_prefill_token P`` (all seconds, >= 0).
 
     Examples
@@ -171,22 +192,14 @@ class LinearCostProfile(CostProfile):
         if self.c0 + self.c_batch <= 0:
             raise ValueError("c0 + c_batch must be > 0: a step cannot be free")
 
-    def step_time(
-        self,
-        batch_size: StepCount,
-        verified_tokens: StepCount,
-        draft_passes: StepCount = 0,
-        prefill_tokens: StepCount = 0,
-    ) -> StepCount:
-        B, V, D, P = step_counts(batch_size, verified_tokens, draft_passes, prefill_tokens)
-        t = (
+    def _seconds(self, B: np.ndarray, V: np.ndarray, D: np.ndarray, P: np.ndarray) -> np.ndarray:
+        return (
             self.c0
             + self.c_batch * B
             + self.c_token * V
             + self.c_draft_pass * D
             + self.c_prefill_token * P
         )
-        return float(t) if np.ndim(t) == 0 else t
 
     def minorants(self) -> list[LinearCoefficients]:
         return [self._coef]
@@ -204,7 +217,7 @@ class LinearCostProfile(CostProfile):
 
 
 @dataclass(slots=True)
-class RooflineCostProfile(CostProfile):
+class RooflineCostProfile(CountsCostProfile):
     """Flat-then-linear step time of a memory-bound accelerator.
 
     ``t = base_s + per_token_s * max(0, B + V + P - flat_tokens) + draft_ratio * base_s * D``
@@ -241,18 +254,10 @@ class RooflineCostProfile(CostProfile):
                     f"{name}={v!r} is out of range (see RooflineCostProfile's docstring)"
                 )
 
-    def step_time(
-        self,
-        batch_size: StepCount,
-        verified_tokens: StepCount,
-        draft_passes: StepCount = 0,
-        prefill_tokens: StepCount = 0,
-    ) -> StepCount:
-        B, V, D, P = step_counts(batch_size, verified_tokens, draft_passes, prefill_tokens)
+    def _seconds(self, B: np.ndarray, V: np.ndarray, D: np.ndarray, P: np.ndarray) -> np.ndarray:
         tok = B + V + P
         t = self.base_s + self.per_token_s * np.maximum(0.0, tok - self.flat_tokens)
-        t = t + self.draft_ratio * self.base_s * D
-        return float(t) if np.ndim(t) == 0 else t
+        return t + self.draft_ratio * self.base_s * D
 
     def minorants(self) -> list[LinearCoefficients]:
         """Convex combinations of the two pieces with non-negative intercept: for lambda in [0, lmax],
@@ -287,7 +292,7 @@ class RooflineCostProfile(CostProfile):
 
 
 @dataclass(slots=True)
-class TabulatedCostProfile(CostProfile):
+class TabulatedCostProfile(CountsCostProfile):
     """Measured step times on a grid of batch size x tokens per request, interpolated.
 
     A step with ``B`` requests verifying ``V`` draft tokens in all is looked up at ``T = 1 + V / B``
@@ -343,14 +348,7 @@ class TabulatedCostProfile(CostProfile):
         )
         self._dinterp = (np.log2(b), d)
 
-    def step_time(
-        self,
-        batch_size: StepCount,
-        verified_tokens: StepCount,
-        draft_passes: StepCount = 0,
-        prefill_tokens: StepCount = 0,
-    ) -> StepCount:
-        B, V, D, P = step_counts(batch_size, verified_tokens, draft_passes, prefill_tokens)
+    def _seconds(self, B: np.ndarray, V: np.ndarray, D: np.ndarray, P: np.ndarray) -> np.ndarray:
         Bc = np.maximum(B, 1.0)
         T = 1.0 + V / Bc
         shape = np.broadcast(Bc, T).shape
@@ -358,8 +356,7 @@ class TabulatedCostProfile(CostProfile):
         t = self._interp(pts.reshape(-1, 2)).reshape(shape)
         t = np.maximum(t, float(np.min(self.step_s)))
         lb, d = self._dinterp
-        t = t + D * np.interp(np.log2(Bc), lb, d) + self.prefill_s_per_token * P
-        return float(t) if np.ndim(t) == 0 else t
+        return t + D * np.interp(np.log2(Bc), lb, d) + self.prefill_s_per_token * P
 
     def minorants(self) -> list[LinearCoefficients]:
         return [
@@ -390,7 +387,7 @@ class TabulatedCostProfile(CostProfile):
 
 
 @dataclass(slots=True)
-class TableCostProfile(CostProfile):
+class TableCostProfile(CountsCostProfile):
     """The controller's own measured step-cost table (:class:`adaptive_spec.core.cost_table.StepCostTable`)
     as a replay profile: replay then prices steps exactly as the controller does (the same table the
     engine recorded in its trace header), so regret against the oracle is measured under one cost
@@ -418,14 +415,7 @@ class TableCostProfile(CostProfile):
         if self.scale <= 0:
             raise ValueError(f"scale={self.scale!r} is invalid; allowed: > 0")
 
-    def step_time(
-        self,
-        batch_size: StepCount,
-        verified_tokens: StepCount,
-        draft_passes: StepCount = 0,
-        prefill_tokens: StepCount = 0,
-    ) -> StepCount:
-        B, V, D, P = step_counts(batch_size, verified_tokens, draft_passes, prefill_tokens)
+    def _seconds(self, B: np.ndarray, V: np.ndarray, D: np.ndarray, P: np.ndarray) -> np.ndarray:
         if B.ndim == 0:
             t = np.asarray(self.table.predict(float(max(B, 1.0)), V, P))
         else:
@@ -439,8 +429,7 @@ class TableCostProfile(CostProfile):
                 ]
             )
             t = t.reshape(bb.shape)
-        t = self.scale * t + self.draft_pass_s * D
-        return float(t) if np.ndim(t) == 0 else t
+        return self.scale * t + self.draft_pass_s * D
 
     def minorants(self) -> list[LinearCoefficients]:
         sec = self.table.seconds * self.scale
