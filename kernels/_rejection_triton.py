@@ -24,6 +24,13 @@ program falls back to a race over p.
 The counters live in a zeroed workspace allocated per call; ``tl.debug_barrier`` before each
 ``acq_rel`` atomic orders the program's own stores before the release, and the combining
 programs read the partials with ``.cg`` loads (L2, not a possibly stale L1).
+
+The module stays whole (about 620 lines) because its parts change together: the greedy and the
+stochastic paths are one row-pass kernel specialised by the ``STOCHASTIC`` constexpr (a split
+between them would write that kernel twice); the layouts of the result and workspace buffers are
+sized by :func:`verify_triton` and addressed by offsets inside both kernels; and
+``python -m adaptive_spec.kernels.bench --baseline FILE`` times another copy of this file, loaded
+on its own, against this one, which needs the whole implementation in one file.
 """
 
 from __future__ import annotations
@@ -354,6 +361,7 @@ def _race(base, qbase, V, inv_t, m, s, d, rej, seed, pos, c_lo, c_hi, HAS_Q, RES
     return mx, mi
 
 
+# The leading parameters are those of _rows_kernel: verify_triton passes one tuple to both launches.
 @triton.jit
 def _sample_kernel(
     logits_ptr,

@@ -24,6 +24,7 @@ minimises it exactly: :func:`plan_request`. Hence
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -125,6 +126,11 @@ def _weights_for(
     return linear_weights(coef, max_batch)
 
 
+def _check_max_batch(max_batch: int) -> None:
+    if not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError(f"max_batch={max_batch!r} is invalid; allowed: an integer >= 1")
+
+
 @dataclass(frozen=True, slots=True)
 class OracleBound:
     """Upper bound on goodput: ``tokens / time_s`` (seconds are a lower bound on total step time)."""
@@ -147,8 +153,7 @@ def oracle_bound(
 ) -> OracleBound:
     """The goodput no policy can exceed on ``requests`` (see the module docstring); the largest time
     bound over the profile's minorants."""
-    if not isinstance(max_batch, int) or max_batch < 1:
-        raise ValueError(f"max_batch={max_batch!r} is invalid; allowed: an integer >= 1")
+    _check_max_batch(max_batch)
     props = [p for p in proposers if p != "none"]
     tokens = sum(len(r) for r in requests)
     coefs: list[LinearCoefficients | None] = [None] if max_batch == 1 else list(profile.minorants())
@@ -159,22 +164,26 @@ def oracle_bound(
     return OracleBound(tokens, best)
 
 
-class OraclePolicy(SpecPolicy):
-    """Plays each request's hindsight shortest-path arm (see the module docstring).
+class HindsightPolicy(SpecPolicy):
+    """A policy planned in hindsight from a workload's outputs and counterfactual drafts, with the
+    per-request cost of :func:`plan_request`.
 
     Parameters
     ----------
     proposers : list of str
     max_k : int
     requests : list of ReplayRequest
-        The workload it will be replayed on (the oracle knows every output).
+        The workload it will be replayed on (the policy knows every output).
     profile : CostProfile
-    max_batch : int
+    max_batch : int >= 1
         The replay's largest batch; with 1 the plan uses the exact step cost, else the profile
         linearised at a full batch drafting ``max_k / 2`` tokens per request.
-    """
 
-    name = "oracle"
+    Raises
+    ------
+    ValueError
+        For an invalid ``max_batch`` (and as :class:`~adaptive_spec.core.protocol.SpecPolicy`).
+    """
 
     def __init__(
         self,
@@ -186,11 +195,25 @@ class OraclePolicy(SpecPolicy):
         max_batch: int,
     ) -> None:
         super().__init__(proposers, max_k)
-        if not isinstance(max_batch, int) or max_batch < 1:
-            raise ValueError(f"max_batch={max_batch!r} is invalid; allowed: an integer >= 1")
+        _check_max_batch(max_batch)
         coef = profile.linearize(max_batch, max_batch * max_k / 2) if max_batch > 1 else None
-        w = _weights_for(profile, max_batch, coef)
-        self._plans = {r.req_id: plan_request(r, self.proposers, max_k, w)[1] for r in requests}
+        self._plan(requests, _weights_for(profile, max_batch, coef))
+
+    @abstractmethod
+    def _plan(self, requests: list[ReplayRequest], weights: StepWeights) -> None:
+        """Plan every request of the workload with per-request-step costs ``weights``."""
+
+
+class OraclePolicy(HindsightPolicy):
+    """Plays each request's hindsight shortest-path arm (see the module docstring); parameters as
+    :class:`HindsightPolicy`."""
+
+    name = "oracle"
+
+    def _plan(self, requests: list[ReplayRequest], weights: StepWeights) -> None:
+        self._plans = {
+            r.req_id: plan_request(r, self.proposers, self.max_k, weights)[1] for r in requests
+        }
 
     def decide(self, view: StepView) -> Decision:
         arms = []
@@ -229,28 +252,18 @@ def static_request_cost(req: ReplayRequest, arm: Arm, max_k: int, weights: StepW
     return total
 
 
-class PerRequestStaticPolicy(SpecPolicy):
+class PerRequestStaticPolicy(HindsightPolicy):
     """Each request plays its own best static arm in hindsight (minimum per-request cost, as in
-    :class:`OraclePolicy`), cut to the draft offered and the budget like ``StaticPolicy``."""
+    :class:`OraclePolicy`), cut to the draft offered and the budget like ``StaticPolicy``;
+    parameters as :class:`HindsightPolicy`."""
 
     name = "per-request-static"
 
-    def __init__(
-        self,
-        proposers: list[str],
-        max_k: int,
-        *,
-        requests: list[ReplayRequest],
-        profile: CostProfile,
-        max_batch: int,
-    ) -> None:
-        super().__init__(proposers, max_k)
-        coef = profile.linearize(max_batch, max_batch * max_k / 2) if max_batch > 1 else None
-        w = _weights_for(profile, max_batch, coef)
-        arms = arm_space(self.proposers, max_k)
+    def _plan(self, requests: list[ReplayRequest], weights: StepWeights) -> None:
+        arms = arm_space(self.proposers, self.max_k)
         self.best: dict[str, Arm] = {}
         for r in requests:
-            costs = [static_request_cost(r, a, max_k, w) for a in arms]
+            costs = [static_request_cost(r, a, self.max_k, weights) for a in arms]
             self.best[r.req_id] = arms[int(np.argmin(costs))]
 
     def decide(self, view: StepView) -> Decision:

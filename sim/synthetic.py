@@ -20,7 +20,7 @@ over a synthetic workload, with counterfactual lines for every proposer, so repl
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
@@ -309,6 +309,24 @@ def optimal_rate(
     return G
 
 
+def _budget_cap(max_k: int, remaining: int | None) -> int:
+    """Largest k a request with ``remaining`` tokens to emit verifies (``remaining - 1``, as the
+    engine's budget cap; ``max_k`` without a budget)."""
+    return max_k if remaining is None else max(0, min(max_k, remaining - 1))
+
+
+def _played_arm(
+    arm: Arm, offered: set[str] | frozenset[str], known: Collection[str], cap: int
+) -> Arm:
+    """``arm`` as the step plays it: no speculation when its proposer offers no draft (or is not
+    in ``known``), k cut to ``cap``."""
+    if arm.k and (arm.proposer not in offered or arm.proposer not in known):
+        return NO_SPEC
+    if arm.k > cap:
+        return NO_SPEC if cap == 0 else Arm(arm.proposer, cap)
+    return arm
+
+
 class RegimeOptimum:
     """The batch-1 optimum of a regime, precomputed: its rate (:func:`optimal_rate`), the value of
     every arm, and per step the best arm and the regret of any arm.
@@ -337,17 +355,10 @@ class RegimeOptimum:
         tok, t = self._value[arm]
         return tok - self.rate * t
 
-    def _cut(self, arm: Arm, offered: set[str] | frozenset[str], cap: int) -> Arm:
-        if arm.k and (arm.proposer not in offered or arm.proposer not in self.proposers):
-            return NO_SPEC
-        if arm.k > cap:
-            return NO_SPEC if cap == 0 else Arm(arm.proposer, cap)
-        return arm
-
     def best_arm(self, offered: set[str] | frozenset[str], remaining: int | None = None) -> Arm:
         """The optimal policy's arm when ``offered`` proposers offer a draft (k cut to
         ``remaining - 1``)."""
-        cap = self.max_k if remaining is None else max(0, min(self.max_k, remaining - 1))
+        cap = _budget_cap(self.max_k, remaining)
         opts = [NO_SPEC] + [
             Arm(p, k) for p in self.proposers if p in offered for k in range(1, cap + 1)
         ]
@@ -357,9 +368,8 @@ class RegimeOptimum:
         self, offered: set[str] | frozenset[str], arm: Arm, remaining: int | None = None
     ) -> float:
         """Expected tokens lost by one step playing ``arm`` (see :func:`pseudo_regret`)."""
-        cap = self.max_k if remaining is None else max(0, min(self.max_k, remaining - 1))
-        best = self.best_arm(offered, remaining)
-        return max(self._score(best) - self._score(self._cut(arm, offered, cap)), 0.0)
+        played = _played_arm(arm, offered, self.proposers, _budget_cap(self.max_k, remaining))
+        return max(self._score(self.best_arm(offered, remaining)) - self._score(played), 0.0)
 
 
 def pseudo_regret(
@@ -379,16 +389,12 @@ def pseudo_regret(
     (as the engine's budget cap does), so the end of a request is not counted as a loss. For many
     steps, :class:`RegimeOptimum` precomputes the same quantities.
     """
-    cap = max_k if remaining is None else max(0, min(max_k, remaining - 1))
+    cap = _budget_cap(max_k, remaining)
     opts = [NO_SPEC] + [
         Arm(p, k) for p in sorted(offered) if p in regime.processes for k in range(1, cap + 1)
     ]
     best = max(v[0] - rate * v[1] for v in (_arm_value(regime, a, profile, max_k) for a in opts))
-    if arm.k and (arm.proposer not in offered or arm.proposer not in regime.processes):
-        arm = NO_SPEC
-    if arm.k > cap:
-        arm = NO_SPEC if cap == 0 else Arm(arm.proposer, cap)
-    tok, t = _arm_value(regime, arm, profile, max_k)
+    tok, t = _arm_value(regime, _played_arm(arm, offered, regime.processes, cap), profile, max_k)
     return max(best - (tok - rate * t), 0.0)
 
 
