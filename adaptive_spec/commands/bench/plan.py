@@ -214,6 +214,13 @@ def static_arms(proposers: tuple[str, ...] = ("ngram", "jacobi"), ks=STATIC_KS) 
     return tuple(f"static:{p}:{k}" for p in proposers for k in ks)
 
 
+def rotated(names: list[str], r: int) -> list[str]:
+    """``names`` rotated left by ``r``: the order of round ``r``, so that every configuration of a
+    cell runs at each position in turn (interleaved repeats)."""
+    r %= len(names)
+    return names[r:] + names[:r]
+
+
 def check_cell(cell: Cell, max_k: int = 8) -> None:
     """Check a cell's configurations can run.
 

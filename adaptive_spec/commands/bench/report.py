@@ -271,15 +271,6 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_json(path: Path, data: dict[str, Any]) -> Path:
-    """Write the results JSON atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    tmp.replace(path)
-    return path
-
-
 def make_plots(out_dir: Path, cells: list[dict[str, Any]]) -> list[str]:
     """Per cell: goodput per configuration (bars, dashed line at no speculation); for cells with a
     traced adaptive training pass: the arm mix over time. Plus ``goodput_all.png``: every cell's ratios

@@ -227,6 +227,34 @@ def summarize_cell(cell: dict[str, Any]) -> dict[str, Any]:
     return cell
 
 
+def best_k_by_concurrency(
+    cells: list[dict[str, Any]], label: str, proposer: str = "ngram"
+) -> dict[int, int]:
+    """Per concurrency, the static k of ``proposer`` with the highest ratio to no speculation in the
+    summarized cells of workload ``label`` (greedy cells first; k = 0 when none beats no speculation):
+    the points vLLM's batch-size table is tuned from (:func:`adaptive_spec.commands.bench.plan.tune_table`)."""
+    out: dict[int, int] = {}
+    for greedy in (True, False):
+        for cell in cells:
+            if cell["label"] != label or (cell["temperature"] == 0) != greedy:
+                continue
+            if cell["concurrency"] in out or "summary" not in cell:
+                continue
+            best_k, best_r = 0, 1.0
+            for name, s in cell["summary"].items():
+                info = parse_config(name)
+                if info.kind != "static" or info.proposer != proposer or not s["valid"]:
+                    continue
+                if s["ratio_to_none"] is not None and s["ratio_to_none"] > best_r:
+                    best_k, best_r = int(info.k or 0), s["ratio_to_none"]
+            if any(
+                parse_config(n).kind == "static" and parse_config(n).proposer == proposer
+                for n in cell["summary"]
+            ):
+                out[cell["concurrency"]] = best_k
+    return out
+
+
 def _find(cells: list[dict[str, Any]], label: str, c: int, t: float) -> dict[str, Any] | None:
     for cell in cells:
         if cell["label"] == label and cell["concurrency"] == c and cell["temperature"] == t:
