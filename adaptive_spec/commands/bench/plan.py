@@ -82,6 +82,26 @@ class ConfigInfo:
     k: int | None = None
 
 
+def parse_k(text: str, max_k: int, where: str, *, hint: str = "") -> int:
+    """The k of a configuration name: an integer in ``1..max_k``.
+
+    Raises
+    ------
+    ValueError
+        ``<where>: k=... is invalid`` (not an integer) or ``... is out of range`` (followed by
+        ``hint``).
+    """
+    try:
+        k = int(text)
+    except ValueError:
+        raise ValueError(
+            f"{where}: k={text!r} is invalid; allowed: an integer in 1..{max_k}"
+        ) from None
+    if not 1 <= k <= max_k:
+        raise ValueError(f"{where}: k={k} is out of range; allowed: 1..{max_k}{hint}")
+    return k
+
+
 def parse_config(name: str, max_k: int = MAX_K) -> ConfigInfo:
     """Parse a configuration name (see the module docstring).
 
@@ -121,14 +141,7 @@ def parse_config(name: str, max_k: int = MAX_K) -> ConfigInfo:
                 f"config={name!r}: proposer {prop!r} is invalid; allowed: {', '.join(STATIC_PROPOSERS)}, "
                 "lora:<name>"
             )
-        try:
-            k = int(k_text)
-        except ValueError:
-            raise ValueError(
-                f"config={name!r}: k={k_text!r} is invalid; allowed: an integer in 1..{max_k}"
-            ) from None
-        if not 1 <= k <= max_k:
-            raise ValueError(f"config={name!r}: k={k} is out of range; allowed: 1..{max_k}")
+        k = parse_k(k_text, max_k, f"config={name!r}")
         engine = "draft" if prop == "draft" or prop.startswith("lora:") else "main"
         return ConfigInfo(name, "static", engine, prop, k)
     if head in ("smartspec", "banditspec"):

@@ -43,6 +43,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from adaptive_spec.commands.bench.plan import parse_k
+
 KINDS = ("baseline", "static", "table", "adaptive")
 STATIC_PROPOSERS = ("ngram", "jacobi")
 ADAPTIVE_POLICIES = ("adaptive", "adaptive-ucb", "adaptive-greedy", "adaptive-eps")
@@ -204,18 +206,7 @@ def parse_server_config(name: str, max_k: int = 8) -> ServerConfig:
     head, _, rest = name.partition(":")
 
     def k_of(text: str) -> int:
-        try:
-            k = int(text)
-        except ValueError:
-            raise ValueError(
-                f"--configs entry {name!r}: k={text!r} is invalid; allowed: an integer in 1..{max_k}"
-            ) from None
-        if not 1 <= k <= max_k:
-            raise ValueError(
-                f"--configs entry {name!r}: k={k} is out of range; allowed: 1..{max_k} "
-                "(raise --max-k for more)"
-            )
-        return k
+        return parse_k(text, max_k, f"--configs entry {name!r}", hint=" (raise --max-k for more)")
 
     if head == "static":
         prop, _, k_text = rest.rpartition(":")
