@@ -102,6 +102,46 @@ def parse_k(text: str, max_k: int, where: str, *, hint: str = "") -> int:
     return k
 
 
+def parse_static_arm(
+    rest: str,
+    max_k: int,
+    where: str,
+    proposers: tuple[str, ...],
+    *,
+    lora: bool = False,
+    hint: str = "",
+) -> tuple[str, int]:
+    """The proposer and k of a static arm's name after ``static:`` (``<proposer>:<k>``).
+
+    Parameters
+    ----------
+    rest : str
+        E.g. ``ngram:4`` or ``lora:code:2``.
+    max_k : int
+        The largest k allowed.
+    where : str
+        What the errors name (the configuration).
+    proposers : tuple of str
+        The proposers allowed.
+    lora : bool
+        Also allow ``lora:<adapter>``.
+    hint : str
+        Appended to the error for a k out of range.
+
+    Raises
+    ------
+    ValueError
+        For a proposer not allowed or a k outside ``1..max_k`` (:func:`parse_k`).
+    """
+    prop, _, k_text = rest.rpartition(":")
+    if prop not in proposers and not (lora and _LORA.match(prop)):
+        raise ValueError(
+            f"{where}: proposer {prop!r} is invalid; allowed: {', '.join(proposers)}"
+            + (", lora:<name>" if lora else "")
+        )
+    return prop, parse_k(k_text, max_k, where, hint=hint)
+
+
 def parse_config(name: str, max_k: int = MAX_K) -> ConfigInfo:
     """Parse a configuration name (see the module docstring).
 
@@ -135,13 +175,7 @@ def parse_config(name: str, max_k: int = MAX_K) -> ConfigInfo:
         return ConfigInfo(name, "hf", "hf", None if name == "hf-greedy" else "ngram")
     head, _, rest = name.partition(":")
     if head == "static":
-        prop, _, k_text = rest.rpartition(":")
-        if prop not in STATIC_PROPOSERS and not _LORA.match(prop):
-            raise ValueError(
-                f"config={name!r}: proposer {prop!r} is invalid; allowed: {', '.join(STATIC_PROPOSERS)}, "
-                "lora:<name>"
-            )
-        k = parse_k(k_text, max_k, f"config={name!r}")
+        prop, k = parse_static_arm(rest, max_k, f"config={name!r}", STATIC_PROPOSERS, lora=True)
         engine = "draft" if prop == "draft" or prop.startswith("lora:") else "main"
         return ConfigInfo(name, "static", engine, prop, k)
     if head in ("smartspec", "banditspec"):
