@@ -106,8 +106,13 @@ def run_worker(
 
 
 def _engine_spec(
-    args: argparse.Namespace, engine: str, cells: list[dict], repeats: int, confirm: int = 0
-) -> dict:
+    args: argparse.Namespace,
+    engine: str,
+    cells: list[dict[str, Any]],
+    repeats: int,
+    confirm: int = 0,
+) -> dict[str, Any]:
+    """The spec of a vLLM worker (:func:`adaptive_spec.commands.bench.worker.run_vllm_group`)."""
     return {
         "engine": engine,
         "model": args.model,
