@@ -173,7 +173,7 @@ def test_bandit_learners_are_compared_with_the_controller_and_the_oracle(request
 
 def test_bench_runs_bandit_configurations_with_the_main_engines_proposers() -> None:
     from adaptive_spec.commands.bench.plan import parse_config
-    from adaptive_spec.commands.bench.worker import config_proposers, make_bench_policy
+    from adaptive_spec.commands.bench.worker_cell import config_proposers, make_bench_policy
 
     assert parse_config("bandit:thompson_beta").kind == "peer"
     props = config_proposers("bandit:thompson_beta", "main")

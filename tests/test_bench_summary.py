@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from adaptive_spec.commands.bench.command import _merge, best_k_by_concurrency
+from adaptive_spec.commands.bench.launch import merge
 from adaptive_spec.commands.bench.report import cost_table_sources, markdown
-from adaptive_spec.commands.bench.summary import compute_goals, median_interval, summarize_cell
+from adaptive_spec.commands.bench.summary import (
+    best_k_by_concurrency,
+    compute_goals,
+    median_interval,
+    summarize_cell,
+)
 
 
 def runs(goodputs, *, violations=0, emitted=None, steps=None, overhead=None, identity=True):
@@ -292,7 +297,7 @@ def test_best_k_by_concurrency_prefers_greedy_and_zero_when_nothing_helps():
 
 def test_merge_puts_other_engines_no_speculation_in_baselines():
     merged = {"a/c1/t0": {"configs": {}}}
-    _merge(
+    merge(
         merged,
         "dynamic",
         {

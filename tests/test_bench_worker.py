@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from adaptive_spec.commands.bench.worker import _max_model_len, config_proposers, make_bench_policy
+from adaptive_spec.commands.bench.resolve import model_max_len
+from adaptive_spec.commands.bench.worker_cell import config_proposers, make_bench_policy
 
 
 @pytest.mark.parametrize(
@@ -59,12 +60,12 @@ def test_make_bench_policy_refuses_unknown():
 
 
 def test_max_model_len_is_capped_by_the_model(tmp_path):
-    assert _max_model_len(None) == 4096
+    assert model_max_len(None) == 4096
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 2048}))
-    assert _max_model_len(str(tmp_path)) == 2048
+    assert model_max_len(str(tmp_path)) == 2048
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
-    assert _max_model_len(str(tmp_path)) == 4096
-    assert _max_model_len(str(tmp_path / "missing")) == 4096
+    assert model_max_len(str(tmp_path)) == 4096
+    assert model_max_len(str(tmp_path / "missing")) == 4096
 
 
 @pytest.mark.parametrize(
@@ -72,8 +73,8 @@ def test_max_model_len_is_capped_by_the_model(tmp_path):
     [(1.0, "sampled", True), (0.5, "sampled", True), (0.0, "sampled", False), (1.0, "off", False)],
 )
 def test_ignore_eos_applies_to_sampled_cells_only(temperature, mode, expected):
-    from adaptive_spec.commands.bench.command import ignores_eos
     from adaptive_spec.commands.bench.plan import Cell
+    from adaptive_spec.commands.bench.resolve import ignores_eos
 
     cell = Cell("mixed", 16, temperature, 32, 64, ("none", "adaptive"))
     assert ignores_eos(cell, mode) is expected
@@ -88,9 +89,9 @@ def test_a_cells_ignore_eos_reaches_its_sampling_parameters(default_model_dir, t
     )
     from transformers import AutoTokenizer
 
-    from adaptive_spec.commands.bench.worker import _Cell
+    from adaptive_spec.commands.bench.worker_cell import CellState
 
-    class _Tokenizing:  # _Cell needs only the engine's tokenizer
+    class _Tokenizing:  # CellState needs only the engine's tokenizer
         def __init__(self) -> None:
             self.tok = AutoTokenizer.from_pretrained(default_model_dir)
 
@@ -108,6 +109,6 @@ def test_a_cells_ignore_eos_reaches_its_sampling_parameters(default_model_dir, t
     }
     if flag is not None:
         payload["ignore_eos"] = flag
-    cell = _Cell(_Tokenizing(), payload, tmp_path)
+    cell = CellState(_Tokenizing(), payload, tmp_path)
     assert cell.params.ignore_eos is bool(flag)
     assert cell.params.max_tokens == 64 and cell.params.temperature == 1.0

@@ -18,13 +18,15 @@ where the spec names the model, prompts and configurations (see :func:`run_hf_gr
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from adaptive_spec.commands.bench.jsonio import worker_main, write_json
+from adaptive_spec.commands.bench.plan import rotated
 
 HF_CONFIGS = ("hf-greedy", "hf-pld")
 
@@ -80,18 +82,6 @@ def load_hf_model(model_dir: str | Path, dtype: str = "bfloat16") -> tuple[Any, 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     model.eval()
     return model, tok
-
-
-def encode_chat(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
-    """Token ids of each user message under the model's chat template (with the generation prompt),
-    exactly as :func:`adaptive_spec.commands.run.encode_prompts` encodes them for vLLM."""
-    out = []
-    for t in texts:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True
-        )
-        out.append(list(tokenizer.encode(text, add_special_tokens=False)))
-    return out
 
 
 def hf_generate(
@@ -263,6 +253,8 @@ def run_hf_group(spec: dict[str, Any], out_path: str | Path | None = None) -> di
     """
     import torch
 
+    from adaptive_spec.commands.workloads import chat_token_ids
+
     repeats = int(spec["repeats"])
     if repeats < 1:
         raise ValueError(f"repeats={repeats!r} is invalid; allowed: an integer >= 1")
@@ -284,7 +276,7 @@ def run_hf_group(spec: dict[str, Any], out_path: str | Path | None = None) -> di
         },
         "cells": {},
     }
-    encoded = {cell["id"]: encode_chat(tok, cell["texts"]) for cell in spec["cells"]}
+    encoded = {cell["id"]: chat_token_ids(tok, cell["texts"]) for cell in spec["cells"]}
     # Warm-up (not measured).
     first = encoded[spec["cells"][0]["id"]][0] if spec["cells"] else None
     if first:
@@ -296,9 +288,8 @@ def run_hf_group(spec: dict[str, Any], out_path: str | Path | None = None) -> di
         res: dict[str, Any] = {"configs": {c: {"engine": "hf", "runs": []} for c in configs}}
         result["cells"][cell["id"]] = res
         for r in range(repeats):
-            order = configs[r % len(configs) :] + configs[: r % len(configs)]
             outs: dict[str, list[list[int]]] = {}
-            for name in order:
+            for name in rotated(configs, r):
                 o, wall = _run_config(
                     model,
                     name,
@@ -323,29 +314,13 @@ def run_hf_group(spec: dict[str, Any], out_path: str | Path | None = None) -> di
                 run["identity"] = ident
                 run["valid"] = ident["violations"] == 0
         if out_path is not None:
-            _write_json(out_path, result)
+            write_json(out_path, result)
     return result
-
-
-def _write_json(path: str | Path, data: dict[str, Any]) -> None:
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Worker entry point: ``python -m adaptive_spec.commands.bench.hf_peer SPEC.json OUT.json``."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        print(
-            "usage: python -m adaptive_spec.commands.bench.hf_peer SPEC.json OUT.json",
-            file=sys.stderr,
-        )
-        return 2
-    spec = json.loads(Path(argv[0]).read_text())
-    run_hf_group(spec, argv[1])
-    return 0
+    return worker_main("adaptive_spec.commands.bench.hf_peer", run_hf_group, argv)
 
 
 if __name__ == "__main__":

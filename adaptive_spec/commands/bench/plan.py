@@ -82,6 +82,66 @@ class ConfigInfo:
     k: int | None = None
 
 
+def parse_k(text: str, max_k: int, where: str, *, hint: str = "") -> int:
+    """The k of a configuration name: an integer in ``1..max_k``.
+
+    Raises
+    ------
+    ValueError
+        ``<where>: k=... is invalid`` (not an integer) or ``... is out of range`` (followed by
+        ``hint``).
+    """
+    try:
+        k = int(text)
+    except ValueError:
+        raise ValueError(
+            f"{where}: k={text!r} is invalid; allowed: an integer in 1..{max_k}"
+        ) from None
+    if not 1 <= k <= max_k:
+        raise ValueError(f"{where}: k={k} is out of range; allowed: 1..{max_k}{hint}")
+    return k
+
+
+def parse_static_arm(
+    rest: str,
+    max_k: int,
+    where: str,
+    proposers: tuple[str, ...],
+    *,
+    lora: bool = False,
+    hint: str = "",
+) -> tuple[str, int]:
+    """The proposer and k of a static arm's name after ``static:`` (``<proposer>:<k>``).
+
+    Parameters
+    ----------
+    rest : str
+        E.g. ``ngram:4`` or ``lora:code:2``.
+    max_k : int
+        The largest k allowed.
+    where : str
+        What the errors name (the configuration).
+    proposers : tuple of str
+        The proposers allowed.
+    lora : bool
+        Also allow ``lora:<adapter>``.
+    hint : str
+        Appended to the error for a k out of range.
+
+    Raises
+    ------
+    ValueError
+        For a proposer not allowed or a k outside ``1..max_k`` (:func:`parse_k`).
+    """
+    prop, _, k_text = rest.rpartition(":")
+    if prop not in proposers and not (lora and _LORA.match(prop)):
+        raise ValueError(
+            f"{where}: proposer {prop!r} is invalid; allowed: {', '.join(proposers)}"
+            + (", lora:<name>" if lora else "")
+        )
+    return prop, parse_k(k_text, max_k, where, hint=hint)
+
+
 def parse_config(name: str, max_k: int = MAX_K) -> ConfigInfo:
     """Parse a configuration name (see the module docstring).
 
@@ -115,20 +175,7 @@ def parse_config(name: str, max_k: int = MAX_K) -> ConfigInfo:
         return ConfigInfo(name, "hf", "hf", None if name == "hf-greedy" else "ngram")
     head, _, rest = name.partition(":")
     if head == "static":
-        prop, _, k_text = rest.rpartition(":")
-        if prop not in STATIC_PROPOSERS and not _LORA.match(prop):
-            raise ValueError(
-                f"config={name!r}: proposer {prop!r} is invalid; allowed: {', '.join(STATIC_PROPOSERS)}, "
-                "lora:<name>"
-            )
-        try:
-            k = int(k_text)
-        except ValueError:
-            raise ValueError(
-                f"config={name!r}: k={k_text!r} is invalid; allowed: an integer in 1..{max_k}"
-            ) from None
-        if not 1 <= k <= max_k:
-            raise ValueError(f"config={name!r}: k={k} is out of range; allowed: 1..{max_k}")
+        prop, k = parse_static_arm(rest, max_k, f"config={name!r}", STATIC_PROPOSERS, lora=True)
         engine = "draft" if prop == "draft" or prop.startswith("lora:") else "main"
         return ConfigInfo(name, "static", engine, prop, k)
     if head in ("smartspec", "banditspec"):
@@ -212,6 +259,13 @@ class Cell:
 def static_arms(proposers: tuple[str, ...] = ("ngram", "jacobi"), ks=STATIC_KS) -> tuple[str, ...]:
     """``static:<p>:<k>`` for every proposer and k, proposer-major."""
     return tuple(f"static:{p}:{k}" for p in proposers for k in ks)
+
+
+def rotated(names: list[str], r: int) -> list[str]:
+    """``names`` rotated left by ``r``: the order of round ``r``, so that every configuration of a
+    cell runs at each position in turn (interleaved repeats)."""
+    r %= len(names)
+    return names[r:] + names[:r]
 
 
 def check_cell(cell: Cell, max_k: int = 8) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import subprocess
@@ -81,8 +82,48 @@ def environment() -> dict[str, Any]:
     }
 
 
-def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
-    return "-" if x is None else f"{x:{spec}}{suffix}"
+def fmt(x: float | None, spec: str, suffix: str = "") -> str:
+    """``x`` formatted with ``spec`` and ``suffix`` for a table; ``-`` when missing (None or NaN)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:{spec}}{suffix}"
+
+
+#: How a goal's ``met`` reads in a rich table.
+MET_RICH = {True: "[green]met[/]", False: "[red]unmet[/]", None: "[yellow]n/a[/]"}
+
+
+def met_text(goal: dict[str, Any], labels: dict[bool | None, str] = MET_RICH) -> str:
+    """A goal's ``met`` (True, False or None) as ``labels`` names it, with ``(within noise)`` when its
+    confidence interval contains the target (``resolved`` False)."""
+    text = labels[goal["met"]]
+    if goal.get("resolved") is False:
+        text += " (within noise)"
+    return text
+
+
+def provenance(data: dict[str, Any]) -> str:
+    """Where a results file came from: ``Run <created>, commit <short hash> (+N modified files), mode
+    <mode>``."""
+    git = data.get("environment", {}).get("git") or {}
+    return (
+        f"Run {data.get('created', '?')}, commit {str(git.get('commit') or '?')[:7]}"
+        + (
+            f" (+{git['modified_tracked_files']} modified files)"
+            if git.get("modified_tracked_files")
+            else ""
+        )
+        + f", mode {data.get('mode')}"
+    )
+
+
+def machine_text(env: dict[str, Any]) -> str:
+    """The machine of an :func:`environment` record: ``<CPU model>, <n> CPUs, load average at start
+    <1, 5, 15 min>``."""
+    return (
+        f"{env.get('cpu_model', '?')}, {env.get('cpus_available', '?')} CPUs, load average at start "
+        f"{', '.join(f'{x:.2f}' for x in env.get('load_average') or [])}"
+    )
 
 
 def _identity_text(s: dict[str, Any]) -> str:
@@ -113,11 +154,11 @@ def _row_cells(cell: dict[str, Any], name: str, *, code: bool = False) -> list[s
     return [
         label,
         s["engine"],
-        _fmt(s["goodput_tok_s"], ".1f"),
-        _fmt(s["ratio_to_none"], ".2f", "x"),
-        _fmt(s.get("ratio_to_best_static"), ".2f", "x"),
-        _fmt(s.get("mean_accepted_length"), ".2f"),
-        _fmt(s.get("controller_overhead"), ".1%"),
+        fmt(s["goodput_tok_s"], ".1f"),
+        fmt(s["ratio_to_none"], ".2f", "x"),
+        fmt(s.get("ratio_to_best_static"), ".2f", "x"),
+        fmt(s.get("mean_accepted_length"), ".2f"),
+        fmt(s.get("controller_overhead"), ".1%"),
         _identity_text(s),
     ]
 
@@ -153,15 +194,15 @@ def goal_figures(g: dict[str, Any]) -> tuple[str, str]:
     """A goal's measured figure (with its note, the pairs behind it and its confidence interval) and
     its target, as printed in the goals table."""
     pct = g["id"] == "D"
-    fmt = (lambda x: _fmt(x, ".1%")) if pct else (lambda x: _fmt(x, ".3f", "x"))
-    measured = fmt(g["measured"])
+    spec, suffix = (".1%", "") if pct else (".3f", "x")
+    measured = fmt(g["measured"], spec, suffix)
     if g.get("note"):
         measured += f" ({g['note']})"
     if g.get("pairs"):
         measured += f" ({g['pairs']} pairs)"
     if g.get("interval"):
         low, high = g["interval"]
-        measured += f", {g.get('confidence', 0.95):.0%} CI {fmt(low)}-{fmt(high)}"
+        measured += f", {g.get('confidence', 0.95):.0%} CI {fmt(low, spec, suffix)}-{fmt(high, spec, suffix)}"
     target = f"{g['comparison']} " + (f"{g['threshold']:.0%}" if pct else f"{g['threshold']:.2f}x")
     return measured, target
 
@@ -175,10 +216,7 @@ def print_tables(console: Any, cells: list[dict[str, Any]], goals: list[dict[str
         gt.add_column(col, justify="right" if col in ("measured", "target") else "left")
     for g in goals:
         measured, target = goal_figures(g)
-        met = {True: "[green]met[/]", False: "[red]unmet[/]", None: "[yellow]n/a[/]"}[g["met"]]
-        if g.get("resolved") is False:
-            met += " (within noise)"
-        gt.add_row(g["id"], g["description"], g["cell"] or "-", measured, target, met)
+        gt.add_row(g["id"], g["description"], g["cell"] or "-", measured, target, met_text(g))
     console.print(gt)
 
     t = Table(title="adaptive-spec bench: goodput (output tokens/s, median over repeats)")
@@ -222,20 +260,11 @@ def markdown(data: dict[str, Any]) -> str:
 
     ``python -m adaptive_spec.commands.bench.report runs/bench/bench.json`` prints it.
     """
-    env = data.get("environment", {})
-    git = env.get("git") or {}
     lines = [
-        f"Run {data.get('created', '?')}, commit {str(git.get('commit') or '?')[:7]}"
-        + (
-            f" (+{git['modified_tracked_files']} modified files)"
-            if git.get("modified_tracked_files")
-            else ""
-        )
-        + f", mode {data.get('mode')}, {data.get('repeats')} repeats"
+        provenance(data)
+        + f", {data.get('repeats')} repeats"
         + (f" + {data['confirm']} confirmation rounds" if data.get("confirm") else "")
-        + f", {data.get('total_s', 0) / 60:.0f} min; "
-        f"{env.get('cpu_model', '?')}, {env.get('cpus_available', '?')} CPUs, load average at start "
-        f"{', '.join(f'{x:.2f}' for x in env.get('load_average') or [])}."
+        + f", {data.get('total_s', 0) / 60:.0f} min; {machine_text(data.get('environment', {}))}."
         + (f" {sources}" if (sources := _sources_text(data.get("cells", []))) else ""),
         "",
         "| goal | what | cell | measured | target | met |",
@@ -247,9 +276,7 @@ def markdown(data: dict[str, Any]) -> str:
     goals = compute_goals(cells) if any("summary" in c for c in cells) else data.get("goals", [])
     for g in goals:
         measured, target = goal_figures(g)
-        met = {True: "**met**", False: "**not met**", None: "n/a"}[g["met"]]
-        if g.get("resolved") is False:
-            met += " (within noise)"
+        met = met_text(g, {True: "**met**", False: "**not met**", None: "n/a"})
         lines.append(
             f"| {g['id']} | {g['description']} | {g['cell'] or '-'} | {measured} | {target} | {met} |"
         )
@@ -269,15 +296,6 @@ def markdown(data: dict[str, Any]) -> str:
             lines.append("| " + " | ".join(row) + " |")
             first = False
     return "\n".join(lines) + "\n"
-
-
-def write_json(path: Path, data: dict[str, Any]) -> Path:
-    """Write the results JSON atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    tmp.replace(path)
-    return path
 
 
 def make_plots(out_dir: Path, cells: list[dict[str, Any]]) -> list[str]:

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from adaptive_spec.commands.bench.resolve import csv_list
 from adaptive_spec.commands.bench.serve_plan import (
     CONFIG_HELP,
     DEFAULT_BURSTINESS,
@@ -40,7 +41,8 @@ from adaptive_spec.commands.bench.serve_plan import (
     estimate_minutes,
     expand_patterns,
 )
-from adaptive_spec.commands.bench.serve_runner import FULL, QUICK, Plan, Runner, csv_list
+from adaptive_spec.commands.bench.serve_resolve import FULL, QUICK, Plan
+from adaptive_spec.commands.bench.serve_runner import Runner
 from adaptive_spec.commands.run import _nonneg_int, _positive_int
 from adaptive_spec.core.machine import dtype_arg
 

@@ -43,6 +43,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from adaptive_spec.commands.bench.plan import parse_k, parse_static_arm
+
 KINDS = ("baseline", "static", "table", "adaptive")
 STATIC_PROPOSERS = ("ngram", "jacobi")
 ADAPTIVE_POLICIES = ("adaptive", "adaptive-ucb", "adaptive-greedy", "adaptive-eps")
@@ -202,39 +204,17 @@ def parse_server_config(name: str, max_k: int = 8) -> ServerConfig:
     if name == "adaptive-warm":
         return ServerConfig(name, "adaptive", plugin=True, policy="adaptive", warm=True)
     head, _, rest = name.partition(":")
-
-    def k_of(text: str) -> int:
-        try:
-            k = int(text)
-        except ValueError:
-            raise ValueError(
-                f"--configs entry {name!r}: k={text!r} is invalid; allowed: an integer in 1..{max_k}"
-            ) from None
-        if not 1 <= k <= max_k:
-            raise ValueError(
-                f"--configs entry {name!r}: k={k} is out of range; allowed: 1..{max_k} "
-                "(raise --max-k for more)"
-            )
-        return k
-
+    where, hint = f"--configs entry {name!r}", " (raise --max-k for more)"
     if head == "static":
-        prop, _, k_text = rest.rpartition(":")
-        if prop not in STATIC_PROPOSERS:
-            raise ValueError(
-                f"--configs entry {name!r}: proposer {prop!r} is invalid; allowed: "
-                f"{', '.join(STATIC_PROPOSERS)}"
-            )
-        return ServerConfig(
-            name, "static", plugin=True, policy=name, proposers=("none", prop), k=k_of(k_text)
-        )
+        prop, k = parse_static_arm(rest, max_k, where, STATIC_PROPOSERS, hint=hint)
+        return ServerConfig(name, "static", plugin=True, policy=name, proposers=("none", prop), k=k)
     if head == "vllm-ngram":
-        return ServerConfig(name, "static", k=k_of(rest) if rest else max_k)
+        k = parse_k(rest, max_k, where, hint=hint) if rest else max_k
+        return ServerConfig(name, "static", k=k)
     if head == "vllm-dynamic":
-        table = parse_table(rest, where=f"--configs entry {name!r}") if rest else None
+        table = parse_table(rest, where=where) if rest else None
         if table is not None and any(r[2] > max_k for r in table):
-            raise ValueError(
-                f"--configs entry {name!r}: a k above --max-k={max_k}; allowed: 0..{max_k}"
-            )
+            raise ValueError(f"{where}: a k above --max-k={max_k}; allowed: 0..{max_k}")
         return ServerConfig(name, "table", table=table)
     raise ValueError(f"--configs entry {name!r} is not known; allowed: {CONFIG_HELP}")
 

@@ -12,13 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from adaptive_spec.commands.bench import jsonio
+from adaptive_spec.commands.bench.report import fmt, machine_text, met_text, provenance
 from adaptive_spec.commands.bench.serve_summary import headline
-
-
-def _f(x: float | None, spec: str, suffix: str = "") -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    return f"{x:{spec}}{suffix}"
 
 
 def _identity(run: dict[str, Any]) -> str:
@@ -32,7 +28,7 @@ def _identity(run: dict[str, Any]) -> str:
 
 
 def _ms3(stats: dict[str, Any]) -> str:
-    return " / ".join(_f(stats.get(k), ".0f") for k in ("mean", "p50", "p99"))
+    return " / ".join(fmt(stats.get(k), ".0f") for k in ("mean", "p50", "p99"))
 
 
 def rows(data: dict[str, Any]) -> list[dict[str, str]]:
@@ -56,15 +52,15 @@ def rows(data: dict[str, Any]) -> list[dict[str, str]]:
                     "configuration": label,
                     "done/sent": f"{run['completed']}/{run['sent']}",
                     "failed": str(run["failed"] + run["lost"]),
-                    "out tok/s": _f(run["output_tok_s"], ".1f"),
-                    "x none": _f(run.get("ratio_to_none"), ".2f", "x"),
-                    "x best static": _f(run.get("ratio_to_best_static"), ".2f", "x"),
-                    "req/s": _f(run["request_throughput"], ".2f"),
+                    "out tok/s": fmt(run["output_tok_s"], ".1f"),
+                    "x none": fmt(run.get("ratio_to_none"), ".2f", "x"),
+                    "x best static": fmt(run.get("ratio_to_best_static"), ".2f", "x"),
+                    "req/s": fmt(run["request_throughput"], ".2f"),
                     "TTFT ms mean/p50/p99": _ms3(run["ttft_ms"]),
                     "TPOT ms mean/p50/p99": _ms3(run["tpot_ms"]),
                     "ITL ms mean/p50/p99": _ms3(run["itl_ms"]),
-                    "accept": _f(acc, ".0%"),
-                    "acc. len": _f(length, ".2f"),
+                    "accept": fmt(acc, ".0%"),
+                    "acc. len": fmt(length, ".2f"),
                     "greedy same": _identity(run),
                 }
             )
@@ -105,13 +101,13 @@ def print_tables(console: Any, data: dict[str, Any]) -> None:
         for col in ("goal", "configuration", "pattern", "measured", "target", "met", "note"):
             gt.add_column(col)
         for g in data["goals"]:
-            met = {True: "[green]met[/]", False: "[red]unmet[/]", None: "[yellow]n/a[/]"}[g["met"]]
+            met = met_text(g)
             target = f">= {g['threshold']:.2f}x"
             gt.add_row(
                 g["goal"],
                 g["config"],
                 g["pattern"],
-                _f(g["measured"], ".3f", "x"),
+                fmt(g["measured"], ".3f", "x"),
                 target,
                 met,
                 g["note"],
@@ -140,20 +136,12 @@ def print_tables(console: Any, data: dict[str, Any]) -> None:
 
 def markdown(data: dict[str, Any]) -> str:
     """The environment line, the goals and the main table as Markdown."""
-    env = data.get("environment", {})
-    git = env.get("git") or {}
     s = data.get("settings", {})
     lines = [
-        f"Run {data.get('created', '?')}, commit {str(git.get('commit') or '?')[:7]}"
-        + (
-            f" (+{git['modified_tracked_files']} modified files)"
-            if git.get("modified_tracked_files")
-            else ""
-        )
-        + f", mode {data.get('mode')}, {data.get('total_s', 0) / 60:.1f} min; model {Path(str(s.get('model', '?'))).name} "
+        provenance(data)
+        + f", {data.get('total_s', 0) / 60:.1f} min; model {Path(str(s.get('model', '?'))).name} "
         f"({s.get('dtype')}), {s.get('requests')} requests x {s.get('max_tokens')} tokens per pattern, "
-        f"max_num_seqs {s.get('max_num_seqs')}; {env.get('cpu_model', '?')}, {env.get('cpus_available', '?')} "
-        f"CPUs, load average at start {', '.join(f'{x:.2f}' for x in env.get('load_average') or [])}.",
+        f"max_num_seqs {s.get('max_num_seqs')}; {machine_text(data.get('environment', {}))}.",
         "",
     ]
     if data.get("goals"):
@@ -162,9 +150,9 @@ def markdown(data: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|---|",
         ]
         for g in data["goals"]:
-            met = {True: "met", False: "**unmet**", None: "n/a"}[g["met"]]
+            met = met_text(g, {True: "met", False: "**unmet**", None: "n/a"})
             lines.append(
-                f"| {g['goal']} | `{g['config']}` | `{g['pattern']}` | {_f(g['measured'], '.3f', 'x')} | "
+                f"| {g['goal']} | `{g['config']}` | `{g['pattern']}` | {fmt(g['measured'], '.3f', 'x')} | "
                 f">= {g['threshold']:.2f}x | {met} | {g['note']} |"
             )
         lines.append("")
@@ -236,23 +224,21 @@ def plot_tpot(data: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
+def finite(x: Any) -> Any:
+    """``x`` with every non-finite float (in nested dicts, lists and tuples) as its string, e.g.
+    ``"inf"``; dict keys as strings, tuples as lists."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {str(k): finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    return x
+
+
 def write_json(path: Path, data: dict[str, Any]) -> Path:
     """Write the results JSON atomically (non-finite numbers as strings, e.g. ``"inf"``)."""
-
-    def clean(x: Any) -> Any:
-        if isinstance(x, float) and not math.isfinite(x):
-            return str(x)
-        if isinstance(x, dict):
-            return {str(k): clean(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [clean(v) for v in x]
-        return x
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(clean(data), indent=1, default=str), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return jsonio.write_json(path, finite(data))
 
 
 def load_json(path: Path) -> dict[str, Any]:

@@ -253,6 +253,77 @@ def tuned_table(
     return table, best_k
 
 
+def _goal(
+    goal: str,
+    config: str,
+    pattern: str,
+    threshold: float,
+    measured: float | None = None,
+    met: bool | None = None,
+    note: str = "missing runs",
+) -> dict[str, Any]:
+    """One goal's row (``measured`` and ``met`` None, noted ``missing runs``, when a run it needs is
+    missing)."""
+    return {
+        "goal": goal,
+        "config": config,
+        "pattern": pattern,
+        "measured": measured,
+        "threshold": threshold,
+        "met": met,
+        "note": note,
+    }
+
+
+def _dynamic_goal(name: str, pat: str, mine: Any, others: dict[str, Any]) -> dict[str, Any]:
+    """Goal ``dynamic`` of configuration ``name`` on pattern ``pat`` against the runs ``others`` (every
+    static configuration and the table)."""
+    others = {p: r for p, r in others.items() if _ok(r)}
+    if not _ok(mine) or not others:
+        return _goal("dynamic", name, pat, GOAL_DYNAMIC_RATIO)
+    worst = min(others, key=lambda p: mine["output_tok_s"] / others[p]["output_tok_s"])
+    r = mine["output_tok_s"] / others[worst]["output_tok_s"]
+    tps = [o["tpot_ms"]["p99"] for o in others.values() if o["tpot_ms"]["p99"] is not None]
+    tp_ok = mine["tpot_ms"]["p99"] is not None and bool(tps) and mine["tpot_ms"]["p99"] <= min(tps)
+    return _goal(
+        "dynamic",
+        name,
+        pat,
+        GOAL_DYNAMIC_RATIO,
+        r,
+        bool(r >= GOAL_DYNAMIC_RATIO and tp_ok),
+        f"worst against {worst}; p99 TPOT "
+        + ("<=" if tp_ok else ">")
+        + " the lowest of the static configurations and the table",
+    )
+
+
+def _steady_goal(
+    name: str,
+    pat: str,
+    mine: Any,
+    statics: dict[str, Any],
+    ref: Any,
+) -> dict[str, Any]:
+    """Goal ``steady`` of configuration ``name`` on pattern ``pat`` against the static runs
+    ``statics`` and no speculation's run ``ref``."""
+    statics = {p: r for p, r in statics.items() if _ok(r)}
+    best = max(statics, key=lambda p: statics[p]["output_tok_s"]) if statics else None
+    if not _ok(mine) or best is None:
+        return _goal("steady", name, pat, GOAL_STEADY_RATIO)
+    r = mine["output_tok_s"] / statics[best]["output_tok_s"]
+    above_none = ref is None or not _ok(ref) or mine["output_tok_s"] >= ref["output_tok_s"]
+    return _goal(
+        "steady",
+        name,
+        pat,
+        GOAL_STEADY_RATIO,
+        r,
+        bool(r >= GOAL_STEADY_RATIO and above_none),
+        f"against {best}; " + ("not below" if above_none else "BELOW") + " no speculation",
+    )
+
+
 def goals(
     runs: dict[str, dict[str, dict[str, Any]]],
     configs: dict[str, ServerConfig],
@@ -278,6 +349,7 @@ def goals(
     """
     out: list[dict[str, Any]] = []
     peers = [n for n, c in configs.items() if c.kind in ("static", "table")]
+    statics = [p for p in peers if configs[p].kind == "static"]
     for name, cfg in configs.items():
         if cfg.kind != "adaptive" or name not in runs:
             continue
@@ -285,78 +357,9 @@ def goals(
             mine = runs[name].get(pat)
             if kind in ("ramp", "burst"):
                 others = {p: runs.get(p, {}).get(pat) for p in peers}
-                others = {p: r for p, r in others.items() if _ok(r)}
-                if not _ok(mine) or not others:
-                    out.append(
-                        {
-                            "goal": "dynamic",
-                            "config": name,
-                            "pattern": pat,
-                            "measured": None,
-                            "threshold": GOAL_DYNAMIC_RATIO,
-                            "met": None,
-                            "note": "missing runs",
-                        }
-                    )
-                    continue
-                worst = min(others, key=lambda p: mine["output_tok_s"] / others[p]["output_tok_s"])
-                r = mine["output_tok_s"] / others[worst]["output_tok_s"]
-                tps = [
-                    o["tpot_ms"]["p99"] for o in others.values() if o["tpot_ms"]["p99"] is not None
-                ]
-                tp_ok = (
-                    mine["tpot_ms"]["p99"] is not None
-                    and bool(tps)
-                    and mine["tpot_ms"]["p99"] <= min(tps)
-                )
-                out.append(
-                    {
-                        "goal": "dynamic",
-                        "config": name,
-                        "pattern": pat,
-                        "measured": r,
-                        "threshold": GOAL_DYNAMIC_RATIO,
-                        "met": bool(r >= GOAL_DYNAMIC_RATIO and tp_ok),
-                        "note": f"worst against {worst}; p99 TPOT "
-                        + ("<=" if tp_ok else ">")
-                        + " the lowest of the static configurations and the table",
-                    }
-                )
+                out.append(_dynamic_goal(name, pat, mine, others))
             elif kind == "steady":
-                best = None
-                statics = {
-                    p: runs.get(p, {}).get(pat) for p in peers if configs[p].kind == "static"
-                }
-                statics = {p: r for p, r in statics.items() if _ok(r)}
-                if statics:
-                    best = max(statics, key=lambda p: statics[p]["output_tok_s"])
+                static_runs = {p: runs.get(p, {}).get(pat) for p in statics}
                 ref = runs.get("none", {}).get(pat)
-                if not _ok(mine) or best is None:
-                    out.append(
-                        {
-                            "goal": "steady",
-                            "config": name,
-                            "pattern": pat,
-                            "measured": None,
-                            "threshold": GOAL_STEADY_RATIO,
-                            "met": None,
-                            "note": "missing runs",
-                        }
-                    )
-                    continue
-                r = mine["output_tok_s"] / statics[best]["output_tok_s"]
-                above_none = (not _ok(ref)) or mine["output_tok_s"] >= ref["output_tok_s"]
-                out.append(
-                    {
-                        "goal": "steady",
-                        "config": name,
-                        "pattern": pat,
-                        "measured": r,
-                        "threshold": GOAL_STEADY_RATIO,
-                        "met": bool(r >= GOAL_STEADY_RATIO and above_none),
-                        "note": f"against {best}; "
-                        + ("not below" if above_none else "BELOW")
-                        + " no speculation",
-                    }
-                )
+                out.append(_steady_goal(name, pat, mine, static_runs, ref))
     return out

@@ -227,6 +227,34 @@ def summarize_cell(cell: dict[str, Any]) -> dict[str, Any]:
     return cell
 
 
+def best_k_by_concurrency(
+    cells: list[dict[str, Any]], label: str, proposer: str = "ngram"
+) -> dict[int, int]:
+    """Per concurrency, the static k of ``proposer`` with the highest ratio to no speculation in the
+    summarized cells of workload ``label`` (greedy cells first; k = 0 when none beats no speculation):
+    the points vLLM's batch-size table is tuned from (:func:`adaptive_spec.commands.bench.plan.tune_table`)."""
+    out: dict[int, int] = {}
+    for greedy in (True, False):
+        for cell in cells:
+            if cell["label"] != label or (cell["temperature"] == 0) != greedy:
+                continue
+            if cell["concurrency"] in out or "summary" not in cell:
+                continue
+            best_k, best_r = 0, 1.0
+            for name, s in cell["summary"].items():
+                info = parse_config(name)
+                if info.kind != "static" or info.proposer != proposer or not s["valid"]:
+                    continue
+                if s["ratio_to_none"] is not None and s["ratio_to_none"] > best_r:
+                    best_k, best_r = int(info.k or 0), s["ratio_to_none"]
+            if any(
+                parse_config(n).kind == "static" and parse_config(n).proposer == proposer
+                for n in cell["summary"]
+            ):
+                out[cell["concurrency"]] = best_k
+    return out
+
+
 def _find(cells: list[dict[str, Any]], label: str, c: int, t: float) -> dict[str, Any] | None:
     for cell in cells:
         if cell["label"] == label and cell["concurrency"] == c and cell["temperature"] == t:
@@ -312,6 +340,27 @@ def _goal(
     return g
 
 
+def _best_static_goal(
+    gid: str, where: str, cell: dict[str, Any] | None, adaptive: str, no_best: str
+) -> dict[str, Any]:
+    """Goal ``gid``: ``adaptive`` over the cell's best static arm (``where`` prefixes the description;
+    ``no_best`` is the note when the cell or its best static arm is missing), with the number of
+    paired runs behind a measured ratio."""
+    best = cell.get("best_static") if cell else None
+    m, why = _vs(cell, adaptive, best) if best else (None, no_best)
+    g = _goal(
+        gid,
+        f"{where}adaptive / best static arm ({best})",
+        cell["id"] if cell else None,
+        m,
+        why,
+        samples=_pairs_of(cell, adaptive, best) if best else None,
+    )
+    if m is not None:
+        g["pairs"] = _ratio(cell, adaptive, best)[1]
+    return g
+
+
 def compute_goals(cells: list[dict[str, Any]], adaptive: str = "adaptive") -> list[dict[str, Any]]:
     """The goals of the controller, each with its measured ratio, threshold and met/unmet
     (``met`` is None when a cell or configuration it needs was not run or is invalid).
@@ -331,20 +380,9 @@ def compute_goals(cells: list[dict[str, Any]], adaptive: str = "adaptive") -> li
     for cell in cells:
         if "summary" not in cell or adaptive not in cell["summary"]:
             continue
-        best = cell.get("best_static")
-        m, why = _vs(cell, adaptive, best) if best else (None, "no valid static arm")
         goals.append(
-            _goal(
-                f"A:{cell['id']}",
-                f"adaptive / best static arm ({best})",
-                cell["id"],
-                m,
-                why,
-                samples=_pairs_of(cell, adaptive, best) if best else None,
-            )
+            _best_static_goal(f"A:{cell['id']}", "", cell, adaptive, "no valid static arm")
         )
-        if m is not None:
-            goals[-1]["pairs"] = _ratio(cell, adaptive, best)[1]
     g3 = _find(cells, "mixed", 16, 1.0)
     ref = "nospec" if g3 is not None and "nospec" in g3.get("summary", {}) else "none"
     m, why = _vs(g3, adaptive, ref)
@@ -359,20 +397,11 @@ def compute_goals(cells: list[dict[str, Any]], adaptive: str = "adaptive") -> li
         )
     )
     g1 = _find(cells, "mixed", 4, 0.0)
-    best = g1.get("best_static") if g1 else None
-    m, why = _vs(g1, adaptive, best) if best else (None, "cell not run or no valid static arm")
     goals.append(
-        _goal(
-            "C",
-            f"mixed c=4 greedy: adaptive / best static arm ({best})",
-            g1["id"] if g1 else None,
-            m,
-            why,
-            samples=_pairs_of(g1, adaptive, best) if best else None,
+        _best_static_goal(
+            "C", "mixed c=4 greedy: ", g1, adaptive, "cell not run or no valid static arm"
         )
     )
-    if m is not None:
-        goals[-1]["pairs"] = _ratio(g1, adaptive, best)[1]
     overheads = [
         (c["id"], c["summary"][adaptive]["controller_overhead"])
         for c in cells

@@ -3,7 +3,9 @@
 Run by ``adaptive-spec bench`` as ``python -m adaptive_spec.commands.bench.worker SPEC.json OUT.json``. The
 engine is built once (``max_num_seqs`` = the largest concurrency of its cells); a cell's concurrency is
 set through vLLM's own admission limit (``max_num_active_seqs``, the scheduler's
-``max_num_active_reqs``), which keeps smaller decode batches without rebuilding the engine. Per cell:
+``max_num_active_reqs``), which keeps smaller decode batches without rebuilding the engine
+(:mod:`~adaptive_spec.commands.bench.worker_engine`). Per cell (steps 1 and 2:
+:mod:`~adaptive_spec.commands.bench.worker_cell`):
 
 1. an untimed pass with speculation off warms the engine and the prefix cache; for a greedy cell it is
    the **reference** (``logprobs=2``) that every greedy run is checked against
@@ -33,139 +35,24 @@ nothing attached, counted by a passive observer that changes nothing.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from adaptive_spec.commands.bench.plan import parse_config
-
-ALL_PROPOSERS = ("none", "ngram", "jacobi")
-
-
-def build_engine(spec: dict[str, Any]) -> Any:
-    """Build the process's engine from its spec.
-
-    ``engine`` is ``main`` (vLLM's n-gram method, k up to ``max_k``: the engine every in-framework
-    configuration shares), ``nospec`` (no speculative decoding at all: what an operator runs without
-    adaptive-spec), ``dynamic`` (the same with ``num_speculative_tokens_per_batch_size`` =
-    ``dynamic_table``) or ``draft`` (method ``draft_model`` with ``draft_model``). The settings are those of
-    :func:`adaptive_spec.vllm.engine.build_llm`.
-
-    Raises
-    ------
-    ValueError
-        For an unknown engine kind or a missing table / draft model.
-    """
-    from adaptive_spec.vllm.engine import build_llm
-
-    kind = spec["engine"]
-    max_len = _max_model_len(spec.get("model"))
-    common = {
-        "dtype": spec.get("dtype", "auto"),
-        "max_k": int(spec.get("max_k", 8)),
-        "concurrency": int(spec["max_num_seqs"]),
-        "seed": int(spec.get("seed", 0)),
-        "max_model_len": max_len,
-    }
-    extra = {"enforce_eager": True} if spec.get("enforce_eager") else {}
-    if kind == "main":
-        return build_llm(spec.get("model"), method="ngram", **common, **extra)
-    if kind == "nospec":
-        return build_llm(spec.get("model"), method=None, **common, **extra)
-    if kind == "draft":
-        if not spec.get("draft_model"):
-            raise ValueError("engine='draft' needs draft_model=<directory>")
-        return build_llm(
-            spec.get("model"),
-            method="draft_model",
-            draft_model=spec["draft_model"],
-            **common,
-            **extra,
-        )
-    if kind == "dynamic":
-        table = spec.get("dynamic_table")
-        if not table:
-            raise ValueError("engine='dynamic' needs dynamic_table=[[start, end, k], ...]")
-        return build_llm(
-            spec.get("model"),
-            method="ngram",
-            speculative_extra={"num_speculative_tokens_per_batch_size": [list(r) for r in table]},
-            **common,
-            **extra,
-        )
-    raise ValueError(f"engine={kind!r} is invalid; allowed: main, nospec, dynamic, draft")
-
-
-def _max_model_len(model: str | None, default: int = 4096) -> int:
-    """``default``, capped by the model's ``max_position_embeddings`` (a small test model has 2048)."""
-    if not model:
-        return default
-    try:
-        cfg = json.loads((Path(model) / "config.json").read_text())
-    except (OSError, ValueError):
-        return default
-    n = cfg.get("max_position_embeddings")
-    return min(default, int(n)) if isinstance(n, int | float) and n > 0 else default
-
-
-def make_bench_policy(name: str, proposers: list[str], max_k: int, seed: int = 0) -> Any:
-    """A policy object for a configuration name: anything :func:`adaptive_spec.core.policies.make_policy`
-    knows, plus ``smartspec:<p>`` / ``banditspec:<p>`` from :mod:`adaptive_spec.core.peers` until they are
-    registered there.
-
-    Raises
-    ------
-    ValueError
-        For an unknown name, or a peer whose module is not available.
-    """
-    from adaptive_spec.core.policies import make_policy
-
-    # Every adaptive configuration (-warm, +draft, +lora, +suffix, -ngram) is the same controller;
-    # they differ in the proposers enabled (config_proposers) and the state loaded.
-    policy_name = "adaptive" if parse_config(name).kind == "adaptive" else name
-    try:
-        return make_policy(policy_name, proposers, max_k, seed=seed)
-    except ValueError as e:
-        if "is not known" not in str(e):
-            raise
-    head, _, prop = name.partition(":")
-    if head in ("smartspec", "banditspec"):
-        try:
-            from adaptive_spec.core.peers import BanditSpecPolicy, SmartSpecPolicy
-        except ImportError as e:
-            raise ValueError(
-                f"config={name!r} needs adaptive_spec.core.peers, which cannot be imported ({e})"
-            ) from None
-        cls = SmartSpecPolicy if head == "smartspec" else BanditSpecPolicy
-        return cls(proposers, max_k, proposer=prop)
-    raise ValueError(f"config={name!r} is not a policy this harness can build")
-
-
-def config_proposers(name: str, engine: str, adapters: Sequence[str] = ()) -> list[str]:
-    """The proposers a configuration's ``AdaptiveSpec`` enables: only those it uses (``adapters``: the
-    LoRA adapter names the draft engine has, for ``adaptive+lora``)."""
-    info = parse_config(name)
-    if info.kind == "baseline":
-        return ["none"]
-    if info.kind == "adaptive":
-        if name == "adaptive+lora":
-            return [*ALL_PROPOSERS, "draft", *(f"lora:{a}" for a in adapters)]
-        if name == "adaptive+suffix":
-            return [*ALL_PROPOSERS, "suffix"]
-        if name == "adaptive-ngram":
-            return ["none", "ngram"]
-        return [*ALL_PROPOSERS, "draft"] if name.endswith("+draft") else list(ALL_PROPOSERS)
-    if name.startswith("bandit:"):  # a learner over every arm of the main engine's proposers
-        return list(ALL_PROPOSERS)
-    if info.proposer is None:
-        raise ValueError(f"config={name!r} has no proposer to enable")
-    return ["none", info.proposer]
+from adaptive_spec.commands.bench.jsonio import worker_main, write_json
+from adaptive_spec.commands.bench.plan import parse_config, rotated
+from adaptive_spec.commands.bench.worker_cell import CellState, attach, prepare_cell
+from adaptive_spec.commands.bench.worker_engine import (
+    build_engine,
+    generate,
+    generate_with,
+    prefill_params,
+    schedulers,
+)
 
 
 class PassiveCounter:
@@ -233,82 +120,9 @@ def _totals(stats: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _encode(llm: Any, texts: Sequence[str]) -> list[list[int]]:
-    from adaptive_spec.commands.workloads import chat_token_ids
-
-    return chat_token_ids(llm.get_tokenizer(), texts)
-
-
-def _generate(llm: Any, ids: list[list[int]], params: Any) -> tuple[list[Any], float]:
-    t0 = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": t} for t in ids], params, use_tqdm=False)
-    return outs, time.perf_counter() - t0
-
-
-class _Cell:
-    """Per-cell state of a worker: encoded prompts, sampling parameters, reference outputs."""
-
-    def __init__(self, llm: Any, cell: dict[str, Any], work_dir: Path) -> None:
-        from adaptive_spec.vllm.engine import sampling_params
-
-        self.spec = cell
-        self.id = cell["id"]
-        self.ids = _encode(llm, cell["texts"])
-        self.train_ids = _encode(llm, cell.get("train_texts") or [])
-        cats: dict[tuple[int, ...], str] = {}
-        for ids, cat in zip(self.ids, cell["categories"], strict=True):
-            cats[tuple(ids)] = cat
-        for ids, cat in zip(self.train_ids, cell.get("train_categories") or [], strict=False):
-            cats[tuple(ids)] = cat
-        self.cats = cats
-        self.temperature = float(cell["temperature"])
-        self.params = sampling_params(
-            temperature=self.temperature,
-            max_tokens=int(cell["max_tokens"]),
-            ignore_eos=bool(cell.get("ignore_eos", False)),
-        )
-        self.reference: list[Any] | None = None
-        self.state_path = work_dir / f"state_{cell['slug']}.json"
-        self.trace_path = work_dir / f"trace_{cell['slug']}.jsonl"
-        self.eval_trace_path = work_dir / f"trace_eval_{cell['slug']}.jsonl"
-
-    def category_of(self, ids: Sequence[int]) -> str | None:
-        return self.cats.get(tuple(ids))
-
-
-def _attach(
-    llm: Any,
-    cell: _Cell,
-    name: str,
-    engine: str,
-    max_k: int,
-    seed: int,
-    state: Path | None = None,
-    lora_adapters: dict[str, str] | None = None,
-    trace: Path | None = None,
-) -> Any:
-    """``AdaptiveSpec`` attached to ``llm`` as configuration ``name`` runs: only the proposers it
-    uses, its policy seeded with ``seed`` (the round), ``state`` loaded if given, ``trace`` if given."""
-    from adaptive_spec.vllm import AdaptiveSpec
-
-    adapters = lora_adapters or {}
-    proposers = config_proposers(name, engine, list(adapters))
-    used = {p.removeprefix("lora:") for p in proposers if p.startswith("lora:")}
-    return AdaptiveSpec(
-        llm,
-        proposers,
-        policy=make_bench_policy(name, proposers, max_k, seed=seed),
-        policy_state=state,
-        category_of=cell.category_of,
-        seed=seed,
-        lora_adapters={n: a for n, a in adapters.items() if n in used},
-        trace=trace,
-    )
-
-
 def _run_config(
     llm: Any,
-    cell: _Cell,
+    cell: CellState,
     name: str,
     engine: str,
     max_k: int,
@@ -323,10 +137,7 @@ def _run_config(
     table_source = None  # where the policy's step-cost table came from (policies that price steps)
     if info.kind in ("vllm", "nospec"):
         counter = PassiveCounter(llm)
-        try:
-            outs, wall = _generate(llm, cell.ids, cell.params)
-        finally:
-            counter.detach()
+        outs, wall = generate_with(counter, llm, cell.ids, cell.params)
         totals = counter.summary()
         overhead = None
     else:
@@ -336,11 +147,8 @@ def _run_config(
                 raise RuntimeError(f"no trained policy state at {cell.state_path}")
             state = work_dir / f"warm_{cell.spec['slug']}_r{repeat}.json"
             shutil.copyfile(cell.state_path, state)
-        spec = _attach(llm, cell, name, engine, max_k, repeat, state, lora_adapters)
-        try:
-            outs, wall = _generate(llm, cell.ids, cell.params)
-        finally:
-            spec.detach()
+        spec = attach(llm, cell, name, engine, max_k, repeat, state, lora_adapters)
+        outs, wall = generate_with(spec, llm, cell.ids, cell.params)
         stats = spec.stats()
         totals = _totals(stats)
         overhead = stats["controller_overhead"]
@@ -375,75 +183,6 @@ def _run_config(
         run["identity"] = ident
         run["valid"] = ident["violations"] == 0
     return run
-
-
-def _prefill_params() -> Any:
-    """Sampling parameters of a prefill-only pass (one greedy token per prompt)."""
-    from adaptive_spec.vllm.engine import sampling_params
-
-    return sampling_params(temperature=0.0, max_tokens=1)
-
-
-def _prepare_cell(
-    llm: Any, cell: _Cell, max_k: int, log: Any, trace_evaluated: bool = False
-) -> dict[str, Any]:
-    """Untimed passes: warm-up/reference, the training pass for ``adaptive-warm`` and, with
-    ``trace_evaluated``, a traced pass of ``adaptive`` on the evaluated prompts."""
-    from adaptive_spec.vllm import AdaptiveSpec
-    from adaptive_spec.vllm.engine import sampling_params
-
-    info: dict[str, Any] = {}
-    t0 = time.perf_counter()
-    spec_config = llm.llm_engine.vllm_config.speculative_config
-    plain = contextlib.nullcontext() if spec_config is None else None
-    with plain or AdaptiveSpec(llm, ["none"], policy="none", policy_state=None, calibrate=False):
-        if cell.temperature == 0:
-            params = sampling_params(temperature=0.0, max_tokens=cell.params.max_tokens, logprobs=2)
-            cell.reference, _ = _generate(llm, cell.ids, params)
-        else:
-            # Prefill only: warms the engine and caches the prompts' KV as the greedy reference does.
-            _generate(llm, cell.ids, _prefill_params())
-    info["reference_s"] = time.perf_counter() - t0
-    if "adaptive-warm" in cell.spec["configs"]:
-        train = cell.train_ids or cell.ids
-        info["warm_trained_on"] = "held-out prompts" if cell.train_ids else "the same prompts"
-        cell.state_path.unlink(missing_ok=True)
-        t0 = time.perf_counter()
-        spec = AdaptiveSpec(
-            llm,
-            list(ALL_PROPOSERS),
-            policy="adaptive",
-            trace=cell.trace_path,
-            policy_state=cell.state_path,
-            category_of=cell.category_of,
-            seed=10_000,
-        )
-        try:
-            _generate(llm, train, cell.params)
-        finally:
-            spec.detach()
-        info["training_s"] = time.perf_counter() - t0
-        info["training_stats"] = {
-            k: spec.stats()[k] for k in ("steps", "controller_overhead", "by_proposer")
-        }
-        info["trace"] = str(cell.trace_path)
-        info["policy_state"] = str(cell.state_path)
-        log(f"{cell.id}: training pass for adaptive-warm done ({info['training_s']:.1f} s)")
-    if trace_evaluated and "adaptive" in cell.spec["configs"]:
-        # The timed `adaptive` run of round 0 (cold start, seed 0, the same proposers), traced: the
-        # trace of the prompts the timed runs decode, for `adaptive-spec replay` to be checked on.
-        t0 = time.perf_counter()
-        spec = _attach(llm, cell, "adaptive", "main", max_k, 0, trace=cell.eval_trace_path)
-        try:
-            _generate(llm, cell.ids, cell.params)
-        finally:
-            spec.detach()
-        info["eval_trace_s"] = time.perf_counter() - t0
-        info["eval_trace"] = str(cell.eval_trace_path)
-        log(
-            f"{cell.id}: traced adaptive pass on the evaluated prompts ({info['eval_trace_s']:.1f} s)"
-        )
-    return info
 
 
 def run_vllm_group(spec: dict[str, Any], out_path: str | Path | None = None) -> dict[str, Any]:
@@ -509,8 +248,6 @@ def run_vllm_group(spec: dict[str, Any], out_path: str | Path | None = None) -> 
 
     from adaptive_spec.vllm.engine import vllm_version
 
-    core = llm.llm_engine.engine_core.engine_core
-    sched = core.scheduler
     result: dict[str, Any] = {
         "engine": engine,
         "build_s": build_s,
@@ -524,24 +261,22 @@ def run_vllm_group(spec: dict[str, Any], out_path: str | Path | None = None) -> 
         },
         "cells": {},
     }
-    scheds = [sched]
-    if nospec_llm is not None:
-        scheds.append(nospec_llm.llm_engine.engine_core.engine_core.scheduler)
+    scheds = schedulers(llm, nospec_llm)
     for cell_spec in spec["cells"]:
         for s in scheds:
             s.max_num_active_reqs = int(cell_spec["concurrency"])
-        cell = _Cell(llm, cell_spec, work_dir)
+        cell = CellState(llm, cell_spec, work_dir)
         res: dict[str, Any] = {"configs": {}}
         result["cells"][cell.id] = res
         configs = list(cell_spec["configs"])
         beside = nospec_llm if "nospec" in configs else None
         try:
-            res["prepare"] = _prepare_cell(
+            res["prepare"] = prepare_cell(
                 llm, cell, max_k, log, trace_evaluated=bool(spec.get("trace_evaluated"))
             )
             if beside is not None:
                 # Prefill pass: the plain engine's prefix cache as warm as the main engine's.
-                _generate(beside, cell.ids, _prefill_params())
+                generate(beside, cell.ids, prefill_params())
         except Exception as e:
             res["error"] = f"{type(e).__name__}: {e}"
             log(f"{cell.id}: preparation failed: {res['error']}")
@@ -558,20 +293,18 @@ def run_vllm_group(spec: dict[str, Any], out_path: str | Path | None = None) -> 
             llm, cell, res, engine, max_k, work_dir, spec.get("lora_adapters"), repeats, log, beside
         )
         for r in range(repeats):
-            order = configs[r % len(configs) :] + configs[: r % len(configs)]
-            _run_round(rnd, r, order, f"repeat {r + 1}/{repeats}")
+            _run_round(rnd, r, rotated(configs, r), f"repeat {r + 1}/{repeats}")
         trio = confirm_configs(res["configs"]) if confirm else []
         if trio:
             res["confirm"] = {"configs": trio, "rounds": confirm}
             for i in range(confirm):
-                order = trio[i % len(trio) :] + trio[: i % len(trio)]
-                _run_round(rnd, repeats + i, order, f"confirmation {i + 1}/{confirm}")
+                _run_round(rnd, repeats + i, rotated(trio, i), f"confirmation {i + 1}/{confirm}")
         if out_path is not None:
-            _write_json(out_path, result)
+            write_json(out_path, result)
     for s in scheds:
         s.max_num_active_reqs = s.max_num_running_reqs
     if out_path is not None:
-        _write_json(out_path, result)
+        write_json(out_path, result)
     return result
 
 
@@ -579,7 +312,7 @@ class _Round(NamedTuple):
     """What one round of a cell's runs needs."""
 
     llm: Any
-    cell: _Cell
+    cell: CellState
     res: dict[str, Any]
     engine: str
     max_k: int
@@ -634,27 +367,9 @@ def confirm_configs(configs: dict[str, dict[str, Any]]) -> list[str]:
     return [*trio, "nospec"] if ok.get("nospec", {}).get("same_process") else trio
 
 
-def _write_json(path: str | Path, data: dict[str, Any]) -> None:
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    tmp.replace(path)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Worker entry point: ``python -m adaptive_spec.commands.bench.worker SPEC.json OUT.json``."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        print(
-            "usage: python -m adaptive_spec.commands.bench.worker SPEC.json OUT.json",
-            file=sys.stderr,
-        )
-        return 2
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    spec = json.loads(Path(argv[0]).read_text())
-    run_vllm_group(spec, argv[1])
-    return 0
+    return worker_main("adaptive_spec.commands.bench.worker", run_vllm_group, argv, quiet_vllm=True)
 
 
 if __name__ == "__main__":
