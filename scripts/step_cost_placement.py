@@ -12,7 +12,7 @@ placement, the median step time, its difference from the step without drafts and
 range; then a least squares fit of step time on [1, V] per quarter of the run (the context grows by
 one token per step). Nothing is learned by a controller.
 
-Used for the step-cost measurements in ``docs/benchmarks.md``.
+Used for the step-cost measurements behind the shipped tables (``docs/results.md``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
   ``[[start, end, k], ...]`` from batch size to k for one proposer, per step.
 
 :func:`default_baseline` is the adaptive controller's safe baseline: an n-gram batch-size table
-(:data:`DEFAULT_NGRAM_TABLE`, measured on the embedded default, ``docs/benchmarks.md``). The
+(:data:`DEFAULT_NGRAM_TABLE`, measured on the embedded default, ``docs/results.md``). The
 controller plays a baseline as a :class:`BaselineRule` (:func:`baseline_rule`).
 """
 
@@ -112,7 +112,7 @@ class BatchSizeTablePolicy(SpecPolicy):
 
 #: The n-gram batch-size table the adaptive controller holds as its baseline by default, in vLLM's
 #: ``num_speculative_tokens_per_batch_size`` format: the best static n-gram k measured per concurrency
-#: on the embedded default (``docs/benchmarks.md``), each k owning the batch sizes nearest to it (k = 1
+#: on the embedded default (``docs/results.md``), each k owning the batch sizes nearest to it (k = 1
 #: from batch 9: at c=16 greedy, k = 1 is 1.015x of no speculation over three grids, k = 2 1.010x,
 #: and replayed c=16 traces put k = 2 below k = 1).
 DEFAULT_NGRAM_TABLE = ((1, 2, 8), (3, 8, 4), (9, 1 << 20, 1))
