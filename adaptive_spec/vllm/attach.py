@@ -46,7 +46,6 @@ from adaptive_spec.vllm.checks import (
 from adaptive_spec.vllm.hooks import StepHooks
 from adaptive_spec.vllm.next_drafts import NextDrafts
 from adaptive_spec.vllm.patches import InstancePatches
-from adaptive_spec.vllm.sampling import draft_probability_conflict
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +182,9 @@ class AdaptiveSpec:
         lora_adapters = dict(lora_adapters or {})
         proposers = check_proposers(proposers, spec_config.method, lora_adapters)
         # Lossless verification: no cached draft-model probabilities against other proposers' drafts.
-        if (why := draft_probability_conflict(spec_config, proposers)) is not None:
+        from adaptive_spec.vllm import sampling
+
+        if (why := sampling.draft_probability_conflict(spec_config, proposers)) is not None:
             raise AttachError(why)
         from adaptive_spec.vllm.cpu_fixes import fix_cpu_expand_kernel
         from adaptive_spec.vllm.sampling import fix_recovered_token_sampling
