@@ -609,3 +609,4 @@ class AdaptiveSpec:
         if target is None:
             return None
         save_policy_state(self.policy, target, "path" if path is not None else "policy_state")
+        return target

@@ -4,7 +4,7 @@ With ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` (vLLM's default) ``vllm.LLM`` talks to
 child process through a ``SyncMPClient``. The controller has to live with the scheduler, in that
 process. vLLM loads its general plugins there (``EngineCore.__init__``), and adaptive-spec's plugin
 (:func:`adaptive_spec.vllm.plugin.register`) adds one method to vLLM's ``EngineCore`` class,
-:data:`UTILITY_METHOD` (:func:`install_utility`), whatever the ``ADAPTIVE_SPEC`` switch says. The front
+:data:`UTILITY_METHOD` (:mod:`adaptive_spec.vllm.core_utility`), whatever the ``ADAPTIVE_SPEC`` switch says. The front
 end calls it with vLLM's own utility calls (``call_utility``, answered by the engine core's busy loop
 between steps):
 
@@ -22,7 +22,6 @@ objects). Importing this module is cheap (the plugin imports it in every vLLM pr
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import logging
@@ -36,92 +35,6 @@ logger = logging.getLogger(__name__)
 UTILITY_METHOD = "adaptive_spec_call"
 #: Attribute of the front end's engine-core client holding its :class:`RemoteAdaptiveSpec`.
 _CLIENT_ATTR = "_adaptive_spec_remote"
-_OPS = ("attach", "stats", "faults", "save_state", "detach")
-
-
-# -- engine-core side ---------------------------------------------------------------------------
-def install_utility(engine_core_cls: Any) -> None:
-    """Add :data:`UTILITY_METHOD` to vLLM's ``EngineCore`` class (idempotent)."""
-    if getattr(engine_core_cls, UTILITY_METHOD, None) is not adaptive_spec_call:
-        setattr(engine_core_cls, UTILITY_METHOD, adaptive_spec_call)
-
-
-def _jsonable(v: Any) -> Any:
-    """``json.dumps``'s fallback for NumPy numbers and arrays, paths and anything else (its text)."""
-    import numpy as np
-
-    if isinstance(v, np.integer):
-        return int(v)
-    if isinstance(v, np.floating):
-        return float(v)
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    return str(v)
-
-
-def adaptive_spec_call(core: Any, op: str, payload: bytes) -> str:
-    """Engine-core process: run operation ``op`` (one of ``attach``, ``stats``, ``faults``,
-    ``save_state``, ``detach``) on this engine core's AdaptiveSpec. ``payload``: the cloudpickled
-    constructor arguments (``attach``) or a UTF-8 JSON document. Returns ``{"ok": true, "value": ...}``
-    or ``{"ok": false, "type": <exception class>, "message": ...}`` as JSON text; never raises."""
-    try:
-        value = _run(core, op, payload)
-        return json.dumps({"ok": True, "value": value}, default=_jsonable)
-    except Exception as e:
-        if op == "attach":
-            logger.debug("adaptive-spec: attach failed in the engine core", exc_info=True)
-        return json.dumps({"ok": False, "type": type(e).__name__, "message": str(e)})
-
-
-def _run(core: Any, op: str, payload: bytes) -> Any:
-    from adaptive_spec.vllm.attach import AdaptiveSpec
-
-    if op == "attach":
-        import cloudpickle
-
-        args = cloudpickle.loads(payload)
-        spec = AdaptiveSpec(core, args.pop("proposers"), args.pop("policy"), **args)
-        atexit.register(_detach_at_exit, spec)
-        return {
-            "proposers": spec.proposer_names,
-            "policy": spec.policy.name,
-            "max_k": spec.max_k,
-            "engine_method": spec.engine_method,
-            "cost_table_source": spec.cost_table_source,
-            "policy_state_path": str(spec.policy_state_path) if spec.policy_state_path else None,
-            "state_loaded": spec.state_loaded,
-            "prior_applied": spec.prior_applied,
-            "worker_ranks": spec.workers.ranks if spec.workers is not None else 0,
-        }
-    spec = AdaptiveSpec.attached(core)
-    if op not in _OPS:
-        raise ValueError(f"op={op!r} is invalid; allowed: {', '.join(_OPS)}")
-    if spec is None:
-        if op == "detach":
-            return None
-        from adaptive_spec.vllm.checks import AttachError
-
-        raise AttachError("no AdaptiveSpec is attached to this engine (detached already?)")
-    if op == "stats":
-        return spec.stats()
-    if op == "faults":
-        return {"faults": spec.faults, "last_fault": spec.last_fault}
-    if op == "save_state":
-        path = json.loads(payload.decode("utf-8")) if payload else None
-        written = spec.save_state(path)
-        return str(written) if written is not None else None
-    with contextlib.suppress(Exception):
-        atexit.unregister(_detach_at_exit)
-    spec.detach()
-    return None
-
-
-def _detach_at_exit(spec: Any) -> None:
-    """The engine-core process exits with the controller attached: save and close the trace."""
-    try:
-        spec.detach()
-    except Exception as e:
-        logger.warning("adaptive-spec: detach at exit failed: %s: %s", type(e).__name__, e)
 
 
 # -- front end ----------------------------------------------------------------------------------

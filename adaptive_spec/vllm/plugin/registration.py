@@ -218,12 +218,12 @@ _shutdown_grace_installed = False
 def _install_utility() -> None:
     """Whatever the switch says: in a process where vLLM's engine core is loaded (the engine-core
     process, where ``EngineCore.__init__`` loads the plugins), add the utility method through which
-    ``AdaptiveSpec(llm)`` attaches from the front end (:mod:`adaptive_spec.vllm.remote`). Imports
+    ``AdaptiveSpec(llm)`` attaches from the front end (:mod:`adaptive_spec.vllm.core_utility`). Imports
     nothing: a process without the engine core module gets nothing."""
     mod = sys.modules.get("vllm.v1.engine.core")
     cls = getattr(mod, "EngineCore", None)
     if cls is not None:
-        from adaptive_spec.vllm.remote import install_utility
+        from adaptive_spec.vllm.core_utility import install_utility
 
         install_utility(cls)
 
