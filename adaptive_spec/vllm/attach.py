@@ -63,7 +63,10 @@ class AdaptiveSpec:
     Parameters
     ----------
     llm : vllm.LLM
-        Built with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine core in this process).
+        With the engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), or in a child
+        process (vLLM's default: a :class:`~adaptive_spec.vllm.remote.RemoteAdaptiveSpec` is returned).
+        The model runner may live here (``uni`` executor) or in worker processes (``mp``, ``ray``:
+        :mod:`adaptive_spec.vllm.workers`).
     proposers : sequence of str
         Arms' proposers among ``none``, ``ngram``, ``jacobi``, ``suffix``, ``draft`` (the engine's draft model; needs
         a draft-model engine) and ``lora:<name>`` (the draft model with LoRA adapter ``name`` from
@@ -131,8 +134,8 @@ class AdaptiveSpec:
     Raises
     ------
     AttachError
-        For an engine it cannot drive: another vLLM version, a multiprocess engine core, the V2 model
-        runner, no speculative config, an unsupported speculative method, or an engine that already
+        For an engine it cannot drive: another vLLM version, an engine core it cannot reach, the V2
+        model runner, ``lora:<name>`` proposers with the runner in worker processes, no speculative config, an unsupported speculative method, or an engine that already
         has an AdaptiveSpec attached (detach that one first).
     StatePathError
         A ``ValueError`` for a ``policy_state`` that cannot be written there, or a refused file that
