@@ -361,5 +361,11 @@ class WorkerLink:
         return first if isinstance(first, WorkerCounters) else WorkerCounters()
 
     def remove(self) -> None:
-        """Remove the hooks from every rank."""
-        self.executor.collective_rpc(remove_worker_hooks)
+        """Remove the hooks from every rank. Workers that are gone (shutdown: their hooks went with
+        them) are not an error."""
+        try:
+            self.executor.collective_rpc(remove_worker_hooks, timeout=30.0)
+        except Exception as e:
+            import logging
+
+            logging.getLogger(__name__).debug("adaptive-spec: workers' hooks not removed: %s", e)
