@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 run: $(STAMP)
-	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VENV)/bin/adaptive-spec run $(ARGS)
+	$(VENV)/bin/adaptive-spec run $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

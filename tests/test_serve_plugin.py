@@ -257,10 +257,14 @@ def test_check_vllm_config_accepts_and_refuses():
         check_vllm_config(_vllm_config(method="suffix"), cfg)
     with pytest.raises(ConfigError, match=r"proposer 'draft' needs a draft-model engine"):
         check_vllm_config(_vllm_config(), ServeConfig(proposers=("none", "draft")))
-    with pytest.raises(ConfigError, match="VLLM_ENABLE_V1_MULTIPROCESSING=0"):
-        check_vllm_config(_vllm_config(backend="mp"), cfg)
-    with pytest.raises(ConfigError, match="--distributed-executor-backend uni"):
-        check_vllm_config(_vllm_config(backend="mp", device="cuda"), cfg)
+    # The multiprocess executors: the runner side runs on every rank (adaptive_spec.vllm.workers).
+    check_vllm_config(_vllm_config(backend="mp"), cfg)
+    check_vllm_config(_vllm_config(backend="ray", device="cuda"), cfg)
+    with pytest.raises(ConfigError, match="--distributed-executor-backend='external_launcher'"):
+        check_vllm_config(_vllm_config(backend="external_launcher"), cfg)
+    lora = ServeConfig(proposers=("none", "lora:code"))
+    with pytest.raises(ConfigError, match="lora:code needs the drafter in the engine-core process"):
+        check_vllm_config(_vllm_config(method="draft_model", backend="mp"), lora)
     with pytest.raises(ConfigError, match="--no-async-scheduling"):
         check_vllm_config(_vllm_config(async_scheduling=True), cfg)
     with pytest.raises(

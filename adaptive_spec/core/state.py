@@ -303,3 +303,102 @@ def load_policy_state(policy: SpecPolicy, path: str | Path) -> bool:
         return False
     logger.info("policy state loaded from %s", path)
     return True
+
+
+# -- a state file shared by several replicas ------------------------------------------------------
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _combine(a: object, b: object, sign: int) -> object:
+    """``a + sign * b`` on the numbers of two documents of the same layout (dicts by key, lists of the
+    same length element by element); anything else, or a layout that differs, keeps ``a``."""
+    if _number(a) and _number(b):
+        out = a + sign * b  # type: ignore[operator]
+        return int(out) if isinstance(a, int) and isinstance(b, int) else out
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {k: _combine(v, b[k], sign) if k in b else v for k, v in a.items()}
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [_combine(x, y, sign) for x, y in zip(a, b, strict=True)]
+    return a
+
+
+def _lock_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.lock")
+
+
+@contextlib.contextmanager
+def state_file_lock(path: str | Path):
+    """An exclusive lock on the state file ``path`` across processes (``fcntl.flock`` on the sibling
+    file ``.<name>.lock``, created if needed; released when the block ends, or by the kernel when the
+    process dies). Blocks until it is free. Raises ``OSError`` when the lock file cannot be opened."""
+    import fcntl
+
+    lock = _lock_path(Path(path))
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def merge_policy_state(data: str, path: str | Path, base: dict | None) -> dict:
+    """Add what this process learned to the state file ``path`` that other processes (data-parallel
+    replicas, other servers) write too, so that no one's update is lost.
+
+    Under :func:`state_file_lock`, the file's state becomes ``file + (mine - base)`` on every number of
+    the state (:func:`_combine`): ``mine`` is the document ``data`` (from :func:`policy_state_json`),
+    ``base`` the state this process had already contributed (or loaded) when it last merged: so counts
+    add up across writers instead of the last writer's overwriting the others', and a number this
+    process did not change keeps the file's value. Without a usable file (missing, corrupt, another
+    format, version or policy, another layout) the file becomes ``mine``. Written atomically
+    (:func:`write_policy_state`).
+
+    Parameters
+    ----------
+    data : str
+        This process's current document (:func:`policy_state_json`).
+    path : path
+        The shared state file.
+    base : dict or None
+        The ``state`` part this process contributed at its previous merge, or, before its first
+        merge, the one it started from (its fresh or just-loaded ``policy.state_dict()``). None: no
+        known start, the file becomes ``mine`` (an overwrite; pass a base to merge).
+
+    Returns
+    -------
+    dict
+        The ``state`` part of ``mine``: the caller's next ``base``.
+
+    Raises
+    ------
+    OSError
+        When the lock or the file cannot be written (the file is left as it was).
+    """
+    path = Path(path)
+    mine = json.loads(data)
+    state = mine["state"]
+    with state_file_lock(path):
+        disk = None
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            if (
+                isinstance(doc, dict)
+                and doc.get("format") == FORMAT
+                and doc.get("version") == VERSION
+                and doc.get("policy") == mine.get("policy")
+                and isinstance(doc.get("state"), dict)
+            ):
+                disk = doc["state"]
+        except (OSError, ValueError):
+            disk = None
+        if disk is not None and base is not None:
+            delta = _combine(state, base, -1)
+            merged = dict(mine, state=_combine(disk, delta, +1))
+            out = json.dumps(merged)
+        else:
+            out = data
+        write_policy_state(out, path)
+    return state

@@ -15,6 +15,7 @@ target's; drafts only change how many tokens a step can commit, never which.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -41,7 +42,8 @@ from adaptive_spec.vllm.checks import (
     check_proposers,
     check_vllm_version,
     engine_core,
-    model_runner,
+    local_model_runner,
+    remote_engine_client,
 )
 from adaptive_spec.vllm.hooks import StepHooks
 from adaptive_spec.vllm.next_drafts import NextDrafts
@@ -61,7 +63,10 @@ class AdaptiveSpec:
     Parameters
     ----------
     llm : vllm.LLM
-        Built with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine core in this process).
+        With the engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), or in a child
+        process (vLLM's default: a :class:`~adaptive_spec.vllm.remote.RemoteAdaptiveSpec` is returned).
+        The model runner may live here (``uni`` executor) or in worker processes (``mp``, ``ray``:
+        :mod:`adaptive_spec.vllm.workers`).
     proposers : sequence of str
         Arms' proposers among ``none``, ``ngram``, ``jacobi``, ``suffix``, ``draft`` (the engine's draft model; needs
         a draft-model engine) and ``lora:<name>`` (the draft model with LoRA adapter ``name`` from
@@ -129,8 +134,8 @@ class AdaptiveSpec:
     Raises
     ------
     AttachError
-        For an engine it cannot drive: another vLLM version, a multiprocess engine core, the V2 model
-        runner, no speculative config, an unsupported speculative method, or an engine that already
+        For an engine it cannot drive: another vLLM version, an engine core it cannot reach, the V2
+        model runner, ``lora:<name>`` proposers with the runner in worker processes, no speculative config, an unsupported speculative method, or an engine that already
         has an AdaptiveSpec attached (detach that one first).
     StatePathError
         A ``ValueError`` for a ``policy_state`` that cannot be written there, or a refused file that
@@ -141,6 +146,16 @@ class AdaptiveSpec:
         ``name`` in ``lora_adapters`` or without a ``draft_model`` engine, or an adapter that does not
         fit the draft (rank, layers or shapes; raised at registration).
     """
+
+    def __new__(cls, llm: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """An ``LLM`` whose engine core runs in a child process (vLLM's default) gets a
+        :class:`~adaptive_spec.vllm.remote.RemoteAdaptiveSpec`: the controller is built in that process
+        (through the plugin vLLM loaded there and a utility call) and driven from here."""
+        if cls is AdaptiveSpec and remote_engine_client(llm) is not None:
+            from adaptive_spec.vllm.remote import RemoteAdaptiveSpec
+
+            return RemoteAdaptiveSpec(llm, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -177,10 +192,12 @@ class AdaptiveSpec:
         )
         core = engine_core(llm)
         check_not_attached(core)
-        runner = model_runner(core)
+        runner = local_model_runner(core)  # None: the runner lives in worker processes
         spec_config = check_engine(core, runner)
         lora_adapters = dict(lora_adapters or {})
-        proposers = check_proposers(proposers, spec_config.method, lora_adapters)
+        proposers = check_proposers(
+            proposers, spec_config.method, lora_adapters, runner_in_process=runner is not None
+        )
         # Lossless verification: no cached draft-model probabilities against other proposers' drafts.
         from adaptive_spec.vllm import sampling
 
@@ -245,7 +262,11 @@ class AdaptiveSpec:
         self._patches.set(core, OWNER_ATTR, self)
         self.hooks.install(self._patches)
         self._attached = True
+        self.workers: Any = None
+        self._worker_counts: Any = self.hooks  # the workers' counters at detach (zeros until then)
         try:
+            if runner is None:
+                self._link_workers()
             from adaptive_spec.vllm.cost_source import resolve_cost_table
 
             self.cost_table_source = resolve_cost_table(
@@ -265,6 +286,29 @@ class AdaptiveSpec:
             self._open_trace(trace, trace_argmax, vllm_version)
 
     # -- construction -------------------------------------------------------------------------
+    def _link_workers(self) -> None:
+        """A multiprocess executor: install the runner side on every rank (:mod:`adaptive_spec.vllm.workers`)."""
+        from adaptive_spec.vllm.workers import WorkerLink
+
+        driver = self.driver
+        self.workers = WorkerLink(
+            self.core,
+            self.engine_method,
+            driver.argmax_wanted,
+            lambda: driver.any_argmax_wanted,
+            lambda: driver.record_all_argmax,
+        )
+        self.workers.install(self._patches)
+        backend = self.core.vllm_config.parallel_config.distributed_executor_backend
+        logger.info(
+            "adaptive-spec: the model runner runs in %d worker process(es) (executor %r): the "
+            "controller runs with the scheduler, argmax rows, verification shortcuts and draft "
+            "timing on every rank; vLLM's n-gram drafter is skipped there, so a failed decision "
+            "verifies no draft tokens that step; LoRA drafter adapters are unavailable",
+            self.workers.ranks,
+            backend,
+        )
+
     def _make_policy(self, policy: str | SpecPolicy, seed: int, baseline: str | None) -> SpecPolicy:
         """The policy object: ``policy`` itself, or the one its name makes (errors name the parameter)."""
         if isinstance(policy, SpecPolicy):
@@ -416,6 +460,9 @@ class AdaptiveSpec:
                     "model": str(mc.model),
                     "dtype": str(mc.dtype),
                     "threads": os.environ.get("OMP_NUM_THREADS"),
+                    "executor": str(
+                        self.core.vllm_config.parallel_config.distributed_executor_backend
+                    ),
                     "engine_key": self.engine_key,
                     # what a replay needs to recompute the suffix drafts (sim.counterfactual)
                     "suffix": self.proposers["suffix"].config()
@@ -450,7 +497,12 @@ class AdaptiveSpec:
 
     @staticmethod
     def attached(llm: Any) -> AdaptiveSpec | None:
-        """The AdaptiveSpec attached to ``llm`` (a ``vllm.LLM`` or an ``EngineCore``), or None."""
+        """The AdaptiveSpec attached to ``llm`` (a ``vllm.LLM`` or an ``EngineCore``), or None; for an
+        ``LLM`` whose engine core is a child process, the RemoteAdaptiveSpec attached from here."""
+        if remote_engine_client(llm) is not None:
+            from adaptive_spec.vllm.remote import RemoteAdaptiveSpec
+
+            return RemoteAdaptiveSpec.attached(llm)
         return getattr(engine_core(llm), OWNER_ATTR, None)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -472,6 +524,10 @@ class AdaptiveSpec:
         self._attached = False
         try:
             self._patches.restore()
+            if self.workers is not None:
+                with contextlib.suppress(Exception):
+                    self._worker_counts = self.workers.counters()
+                self.workers.remove()
             if self.lora is not None:
                 self.lora.detach()
         finally:
@@ -526,9 +582,12 @@ class AdaptiveSpec:
         d["cost_table_source"] = self.cost_table_source
         d["max_k"] = self.max_k
         d["tracked_requests"] = self.driver.num_tracked()
-        d["plain_sampler_steps"] = self.hooks.plain_sampler_steps
-        d["greedy_verify_steps"] = self.hooks.greedy_verify_steps
-        d["sampled_verify_steps"] = self.hooks.sampled_verify_steps
+        counts: Any = self.hooks
+        if self.workers is not None:
+            counts = self.workers.counters() if self._attached else self._worker_counts
+        d["plain_sampler_steps"] = counts.plain_sampler_steps
+        d["greedy_verify_steps"] = counts.greedy_verify_steps
+        d["sampled_verify_steps"] = counts.sampled_verify_steps
         ctrl = getattr(self.policy, "stats", None)
         if callable(ctrl):
             try:
@@ -553,3 +612,4 @@ class AdaptiveSpec:
         if target is None:
             return None
         save_policy_state(self.policy, target, "path" if path is not None else "policy_state")
+        return target

@@ -49,13 +49,23 @@ def check_vllm_version() -> str:
     return str(vllm.__version__)
 
 
+def remote_engine_client(llm: Any) -> Any | None:
+    """The client of ``llm``'s engine core when that core runs in a child process (vLLM's default,
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=1``) and answers utility calls; None otherwise."""
+    client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if client is None or hasattr(client, "engine_core"):
+        return None
+    return client if callable(getattr(client, "call_utility", None)) else None
+
+
 def engine_core(llm: Any) -> Any:
     """The in-process ``EngineCore`` of ``llm`` (a ``vllm.LLM``), or ``llm`` itself if it is one.
 
     Raises
     ------
     AttachError
-        For an object that is not a V1 ``vllm.LLM``, or one whose engine core runs in another process.
+        For an object that is not a V1 ``vllm.LLM``, or one whose engine core runs in another process
+        and cannot be reached (its client has no ``call_utility``).
     """
     if hasattr(llm, "scheduler") and hasattr(llm, "model_executor"):
         return llm
@@ -68,11 +78,33 @@ def engine_core(llm: Any) -> Any:
     core = getattr(client, "engine_core", None)
     if core is None or not hasattr(core, "scheduler"):
         raise AttachError(
-            "the engine core runs in another process, where AdaptiveSpec cannot reach it: "
-            "set VLLM_ENABLE_V1_MULTIPROCESSING=0 before building the LLM, or use the vLLM plugin "
-            "for `vllm serve` (docs/serving.md)"
+            f"the engine core runs in another process and its client ({type(client).__name__}) "
+            "answers no utility calls, so AdaptiveSpec cannot reach it: pass a vllm.LLM (its "
+            "SyncMPClient does), or use the vLLM plugin for `vllm serve` (docs/serving.md)"
         )
     return core
+
+
+def local_model_runner(core: Any) -> Any | None:
+    """The V1 model runner when it lives in the engine-core process (``distributed_executor_backend=
+    "uni"``, :func:`model_runner`), or None when the executor runs it in worker processes (``mp``,
+    ``ray``: the runner side then runs there, :mod:`adaptive_spec.vllm.workers`).
+
+    Raises
+    ------
+    AttachError
+        As :func:`model_runner`, or for an executor without either (no ``driver_worker`` and no
+        ``collective_rpc``).
+    """
+    executor = getattr(core, "model_executor", None)
+    if hasattr(executor, "driver_worker"):
+        return model_runner(core)
+    if not callable(getattr(executor, "collective_rpc", None)):
+        raise AttachError(
+            f"the executor {type(executor).__name__} has neither a worker in this process nor "
+            "collective_rpc: AdaptiveSpec supports vLLM's uni, mp and ray executors"
+        )
+    return None
 
 
 def model_runner(core: Any) -> Any:
@@ -225,13 +257,18 @@ def check_engine(core: Any, runner: Any) -> Any:
 
 
 def check_proposers(
-    proposers: Sequence[str], method: str, lora_adapters: Mapping[str, Any]
+    proposers: Sequence[str],
+    method: str,
+    lora_adapters: Mapping[str, Any],
+    runner_in_process: bool = True,
 ) -> list[str]:
     """``proposers`` without repeats (first occurrence kept), if an engine with speculative method
     ``method`` can serve each of them.
 
     Raises
     ------
+    AttachError
+        For ``lora:<name>`` when ``runner_in_process`` is False (a multiprocess executor).
     ValueError
         For no proposer, an unknown proposer name, ``lora:<name>`` without adapter ``name`` in
         ``lora_adapters`` or without a ``draft_model`` engine, or ``draft`` without a draft model.
@@ -245,6 +282,14 @@ def check_proposers(
     for p in unique:
         check_proposer_name(p)
         if p.startswith("lora:"):
+            if not runner_in_process:
+                raise AttachError(
+                    f"proposer={p!r} needs the drafter in the engine-core process (its LoRA "
+                    "adapters are chosen per request at every drafter pass), but this engine runs "
+                    "its model runner in worker processes (a multiprocess executor); fix: build the "
+                    "LLM with VLLM_ENABLE_V1_MULTIPROCESSING=0 and distributed_executor_backend="
+                    "'uni', or drop the lora proposers"
+                )
             if method != "draft_model":
                 raise ValueError(
                     f"proposer={p!r} needs an engine built with method='draft_model' (LoRA adapters "

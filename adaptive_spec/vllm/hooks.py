@@ -174,12 +174,12 @@ class StepHooks:
     def install(self, patches: InstancePatches) -> None:
         """Install every hook through ``patches`` (whose ``restore()`` removes them)."""
         sched, core, clock, driver = self.scheduler, self.core, self.clock, self.driver
-        rs = self.runner.rejection_sampler
+        rs = getattr(self.runner, "rejection_sampler", None)  # None: runner on the workers
         orig_schedule = sched.schedule
         orig_update = sched.update_from_output
         orig_finish = sched.finish_requests
         orig_post = core.post_step
-        orig_rs = rs.forward
+        orig_rs = getattr(rs, "forward", None)
         self._orig_update_drafts = orig_update_drafts = sched.update_draft_token_ids
         from adaptive_spec.vllm.sampling import (
             sample_without_drafts,
@@ -286,6 +286,12 @@ class StepHooks:
                     return out
             return orig_rs(metadata, draft_probs, logits, sampling_metadata)
 
+        if self.runner is None:
+            # A multiprocess executor: the runner side runs on the workers (adaptive_spec.vllm.workers).
+            self._install_scheduler_side(patches, schedule, update_from_output, post_step)
+            patches.set(sched, "update_draft_token_ids", update_draft_token_ids)
+            patches.set(sched, "finish_requests", finish_requests)
+            return
         if self.engine_method == "ngram":
             # vLLM's own n-gram drafter runs for every request at every step, but with the controller
             # attached its drafts are used only when a decision fails. It now only keeps its
@@ -317,6 +323,14 @@ class StepHooks:
         patches.set(sched, "finish_requests", finish_requests)
         patches.set(core, "post_step", post_step)
         patches.set(rs, "forward", forward)
+
+    def _install_scheduler_side(
+        self, patches: InstancePatches, schedule: Any, update_from_output: Any, post_step: Any
+    ) -> None:
+        """The scheduler's and the engine core's hooks alone (the runner's are on the workers)."""
+        patches.set(self.scheduler, "schedule", schedule)
+        patches.set(self.scheduler, "update_from_output", update_from_output)
+        patches.set(self.core, "post_step", post_step)
 
     # -- runner side --------------------------------------------------------------------------
     def _record_argmax(self, metadata: Any, logits: Any) -> None:
@@ -394,10 +408,26 @@ class StepHooks:
             i = index.get(rid)
             if i is not None and sampled:
                 accepted[rid] = max(len(sampled[i]) - 1, 0)
-        obs = StepObservation(reqs, verified, drafted, prefill, accepted, self._argmax)
+        argmax = self._argmax
+        if self.runner is None:
+            argmax = self._worker_report(mro)
+        obs = StepObservation(reqs, verified, drafted, prefill, accepted, argmax)
         self._argmax = {}
         self.clock.hook_s += time.perf_counter() - t0
         return obs
+
+    def _worker_report(self, mro: Any) -> dict[str, np.ndarray]:
+        """A multiprocess executor: what the workers handed back with the step's output (argmax
+        rows, the draft model's time, their faults; :mod:`adaptive_spec.vllm.workers`)."""
+        from adaptive_spec.vllm.workers import runner_report
+
+        report = runner_report(mro)
+        if report is None:
+            return {}
+        self.clock.drafter_s += report.drafter_s
+        for where, msg in report.faults:
+            self.driver.fault(f"worker: {where}", RuntimeError(msg))
+        return report.argmax
 
     def _post_update(self, obs: StepObservation, tau: float) -> None:
         """After the scheduler committed the step (at ``tau``): what each request emitted, to the driver

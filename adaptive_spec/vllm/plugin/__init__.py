@@ -15,9 +15,10 @@ processes. Without the switch it returns at once and changes nothing. With ``ADA
   :class:`~adaptive_spec.vllm.attach.AdaptiveSpec` to it, loads the policy state, and on the way out
   (shutdown, ``SIGTERM``) saves the state and detaches.
 
-vLLM's CPU build runs one worker in the engine-core process (``distributed_executor_backend="uni"``, the
-default for one device), which AdaptiveSpec needs for its runner-side hook; a multiprocess executor is
-refused at attach time with a clear error.
+Any of vLLM's ``uni``, ``mp`` (the CPU build's default, and tensor parallelism) and ``ray`` executors
+works: under ``mp``/``ray`` the runner side runs on every rank (:mod:`adaptive_spec.vllm.workers`);
+``lora:<adapter>`` proposers are refused there. Whatever the switch, :func:`register` adds the utility
+method through which ``AdaptiveSpec(llm)`` attaches from a front end (:mod:`adaptive_spec.vllm.core_utility`).
 
 Modules: :mod:`~adaptive_spec.vllm.plugin.config` (the ``ADAPTIVE_SPEC*`` settings and the check of
 vLLM's configuration), :mod:`~adaptive_spec.vllm.plugin.runtime` (the controller in the engine-core

@@ -389,6 +389,11 @@ def _check_field(name: str, v: Any, proposers: Any) -> None:
             raise _Invalid(policy_error_reason(e, v)) from None
 
 
+#: Executors whose model runners adaptive-spec can reach: in the engine-core process (``uni``), or on
+#: every rank through ``collective_rpc`` (``mp``, ``ray``; :mod:`adaptive_spec.vllm.workers`).
+EXECUTORS = ("uni", "mp", "ray")
+
+
 def check_vllm_config(vllm_config: Any, config: ServeConfig) -> None:
     """Refuse, before any engine process starts, a vLLM configuration adaptive speculation cannot drive.
 
@@ -401,8 +406,8 @@ def check_vllm_config(vllm_config: Any, config: ServeConfig) -> None:
     Raises
     ------
     ConfigError
-        No speculative decoding, an unsupported method, a multiprocess executor (the model runner in
-        another process), async scheduling, ``draft`` without a draft model, or a policy whose k exceeds
+        No speculative decoding, an unsupported method, an executor outside :data:`EXECUTORS`,
+        ``lora:<adapter>`` proposers under a multiprocess executor, async scheduling, ``draft`` without a draft model, or a policy whose k exceeds
         ``num_speculative_tokens``; one line naming the flag or variable and the fix.
     """
     from adaptive_spec.core.policies import make_policy
@@ -432,17 +437,22 @@ def check_vllm_config(vllm_config: Any, config: ServeConfig) -> None:
             fix="remove 'draft' or serve with a draft model in --speculative-config",
         )
     backend = getattr(vllm_config.parallel_config, "distributed_executor_backend", None)
-    if backend != "uni":
-        hint = (
-            "on vLLM's CPU backend set VLLM_ENABLE_V1_MULTIPROCESSING=0 in the server's environment "
-            "(vLLM's CPU platform otherwise moves the worker into a process of its own; the engine core "
-            "still runs in its own process under vllm serve)"
-            if str(getattr(vllm_config.device_config, "device_type", "")) == "cpu"
-            else "pass --distributed-executor-backend uni (one device per engine)"
+    if backend not in EXECUTORS:
+        raise invalid_value(
+            "--distributed-executor-backend",
+            backend,
+            ", ".join(EXECUTORS),
+            why="adaptive-spec installs its runner side on the workers with collective_rpc",
+            fix="pass --distributed-executor-backend mp (or uni for one device)",
         )
-        raise ConfigError(
-            f"adaptive-spec needs the model runner in the engine-core process "
-            f"(distributed_executor_backend='uni'); this configuration uses {backend!r}; fix: {hint}"
+    lora = [p for p in config.proposers if p.startswith("lora:")]
+    if lora and backend != "uni":
+        raise config.origin("proposers").invalid(
+            "proposers without lora:<adapter> under a multiprocess executor",
+            why=f"{lora[0]} needs the drafter in the engine-core process; this engine runs its "
+            f"model runner in worker processes ({backend!r})",
+            fix="drop the lora proposers, or serve with --distributed-executor-backend uni (CPU: "
+            "VLLM_ENABLE_V1_MULTIPROCESSING=0 as well)",
         )
     if getattr(vllm_config.scheduler_config, "async_scheduling", False):
         raise ConfigError(

@@ -215,6 +215,19 @@ def _patch_engine_core(config: ServeConfig) -> None:
 _shutdown_grace_installed = False
 
 
+def _install_utility() -> None:
+    """Whatever the switch says: in a process where vLLM's engine core is loaded (the engine-core
+    process, where ``EngineCore.__init__`` loads the plugins), add the utility method through which
+    ``AdaptiveSpec(llm)`` attaches from the front end (:mod:`adaptive_spec.vllm.core_utility`). Imports
+    nothing: a process without the engine core module gets nothing."""
+    mod = sys.modules.get("vllm.v1.engine.core")
+    cls = getattr(mod, "EngineCore", None)
+    if cls is not None:
+        from adaptive_spec.vllm.core_utility import install_utility
+
+        install_utility(cls)
+
+
 def register() -> None:
     """vLLM's ``vllm.general_plugins`` entry point. Cheap and idempotent; a no-op without the switch.
 
@@ -224,6 +237,7 @@ def register() -> None:
     :class:`ConfigError` instead, with its traceback).
     """
     global _registered, _shutdown_grace_installed
+    _install_utility()
     with _register_lock:
         if _registered:
             return

@@ -114,6 +114,9 @@ class ServeRuntime:
         self._metrics_warned = False
         try:
             self.state_loaded = self._load_state()
+            # Where this engine's learning starts: each save adds what it learned since to the file
+            # (other replicas' counts in it are kept; adaptive_spec.core.state.merge_policy_state).
+            self._merge_base = self._state_snapshot()
             self._refresh_estimates()
             self._write_metrics()
             self._writer = _Writer(self, config.metrics_interval_s)
@@ -168,6 +171,16 @@ class ServeRuntime:
             return True
         return False
 
+    def _state_snapshot(self) -> dict[str, Any] | None:
+        """The policy's state as JSON types (the base of the next merge), or None without a file."""
+        if self.state_path is None:
+            return None
+        import json
+
+        from adaptive_spec.core.state import policy_state_json
+
+        return json.loads(policy_state_json(self.spec.policy))["state"]
+
     def _after_step(self, model_executed: bool) -> None:
         """Engine thread, after each step: cheap checks; serialise the state when due (every
         ``save_every_steps`` steps or ``save_every_s`` seconds while busy, and as soon as the engine has
@@ -207,14 +220,16 @@ class ServeRuntime:
 
     def _write_state(self, data: str, seq: int) -> None:
         """Writer thread (and :meth:`close`): write if newer than what is on disk."""
-        from adaptive_spec.core.state import write_policy_state
+        from adaptive_spec.core.state import merge_policy_state
 
         assert self.state_path is not None
         with self._state_lock:
             if seq <= self._written_seq:
                 return
             try:
-                write_policy_state(data, self.state_path)
+                # Under a file lock, counts added to the file's (data-parallel replicas and other
+                # servers share it), written atomically.
+                self._merge_base = merge_policy_state(data, self.state_path, self._merge_base)
             except OSError as e:
                 self.save_failures += 1
                 if self.save_failures <= 3 or self.save_failures % 100 == 0:
