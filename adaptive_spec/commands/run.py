@@ -208,8 +208,9 @@ def resolve_drafts(
     args: argparse.Namespace, proposers: list[str]
 ) -> tuple[list[str], dict[str, Any]]:
     """Expand ``lora`` into ``lora:<name>`` per available adapter, set ``args.draft_model`` to the shipped
-    draft when a draft proposer needs one and none was given, and return the proposers and the adapters
-    (name -> directory).
+    drafter when a draft proposer needs one and none was given (the EAGLE-3 head; the layer-cut draft
+    and its adapters when a ``lora`` proposer is asked for: :func:`adaptive_spec.vllm.eagle3.default_drafter`),
+    and return the proposers and the adapters (name -> directory).
 
     Raises
     ------
@@ -228,17 +229,18 @@ def resolve_drafts(
         if not Path(path).is_dir():
             raise ValueError(f"--lora-adapter={item!r}: {path!r} is not a directory")
         adapters[name] = Path(path)
-    wants_draft = any(p == "draft" or p == "lora" or p.startswith("lora:") for p in proposers)
+    wants_lora = any(p == "lora" or p.startswith("lora:") for p in proposers)
+    wants_draft = wants_lora or "draft" in proposers
     if wants_draft and not args.draft_model:
         if args.model:
             raise ValueError(
                 f"--proposers={','.join(proposers)} with --model={args.model!r} needs --draft-model "
                 "(the shipped draft fits the embedded model only)"
             )
-        from adaptive_spec.vllm.drafts import default_draft_path, shipped_adapters
+        from adaptive_spec.vllm.eagle3 import default_drafter
 
-        args.draft_model = str(default_draft_path(args.dtype))
-        adapters = {**shipped_adapters(), **adapters}
+        args.draft_model, shipped = default_drafter(args.dtype, lora=wants_lora)
+        adapters = {**shipped, **adapters}
     out: list[str] = []
     for p in proposers:
         if p == "lora":

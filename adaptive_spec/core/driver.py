@@ -379,6 +379,7 @@ class StepDriver:
         controller_time_s: float = 0.0,
         drafter_time_s: float = 0.0,
         drafter_adapters: bool = False,
+        drafter_passes: int | None = None,
     ) -> StepOutcome:
         """Feed one step to the policy, the metrics and the trace; release finished requests.
 
@@ -386,7 +387,8 @@ class StepDriver:
         ``schedule()`` to the next, so the controller pays for itself). ``controller_time_s``: time
         the adapter spent in hooks for this step, added to the driver's own. ``drafter_time_s``: the
         part of the step a draft model's pass took (s), ``drafter_adapters``: whether it applied a
-        LoRA adapter (:class:`~adaptive_spec.core.protocol.StepOutcome`). A policy error loses the
+        LoRA adapter, ``drafter_passes``: its draft passes beyond the KV-cache pass
+        (:class:`~adaptive_spec.core.protocol.StepOutcome`). A policy error loses the
         policy's update, never the step's metrics and trace record."""
         t0 = time.perf_counter()
         outcomes: list[RequestOutcome] = []
@@ -461,6 +463,7 @@ class StepDriver:
             num_prefill_tokens,
             drafter_time_s,
             drafter_adapters,
+            drafter_passes,
         )
         try:
             if outcomes or valid_time:
@@ -486,6 +489,7 @@ class StepDriver:
                     "num_prefill_tokens": num_prefill_tokens,
                     "drafter_time_s": drafter_time_s,
                     "drafter_adapters": drafter_adapters,
+                    "drafter_passes": drafter_passes,
                     "queue_len": queue_len,
                     "fault": self.last_fault,
                     "decision": self._decision_info,

@@ -85,7 +85,9 @@ class StepOutcome:
     """One engine step: per-request outcomes, wall time (seconds), requests in the step, draft tokens
     verified, and prompt (prefill) tokens computed. On an engine with a draft model,
     ``drafter_time_s`` is the part of ``step_time_s`` that the draft model's pass took (seconds; 0
-    elsewhere) and ``drafter_adapters`` whether that pass applied a LoRA adapter to some request."""
+    elsewhere), ``drafter_adapters`` whether that pass applied a LoRA adapter to some request, and
+    ``drafter_passes`` the draft passes it ran beyond the one that keeps its KV cache current (None
+    when not known: the drafter's time is then all treated as fixed)."""
 
     requests: list[RequestOutcome]
     step_time_s: float
@@ -94,6 +96,7 @@ class StepOutcome:
     num_prefill_tokens: int = 0
     drafter_time_s: float = 0.0
     drafter_adapters: bool = False
+    drafter_passes: int | None = None
 
 
 class SpecPolicy(ABC):

@@ -574,7 +574,8 @@ class AdaptiveSpec:
         rejection sampler (``plain_sampler_steps``, :mod:`adaptive_spec.vllm.sampling`), the greedy steps
         with drafts verified without it (``greedy_verify_steps``), the sampled steps with deterministic
         drafts verified without it (``sampled_verify_steps``), where the policy's step-cost table
-        came from (``cost_table_source``, None for a policy that prices no steps) and (for the adaptive
+        came from (``cost_table_source``, None for a policy that prices no steps), on a draft engine the
+        drafter passes asked for (``drafter_passes``, ``drafter_plan``) and (for the adaptive
         controller) the safety rule's standing against its baseline. Definitions:
         :mod:`adaptive_spec.core.metrics`."""
         d = self.metrics.as_dict()
@@ -588,6 +589,12 @@ class AdaptiveSpec:
         d["plain_sampler_steps"] = counts.plain_sampler_steps
         d["greedy_verify_steps"] = counts.greedy_verify_steps
         d["sampled_verify_steps"] = counts.sampled_verify_steps
+        if self.engine_method in DRAFT_METHODS:
+            # The passes the engine's drafter was asked to run (adaptive_spec.core.drafter_passes).
+            d["drafter_passes"] = self.hooks.drafter_passes
+            plan = self.hooks.next_drafts.passes
+            if plan is not None:
+                d["drafter_plan"] = plan.as_dict()
         ctrl = getattr(self.policy, "stats", None)
         if callable(ctrl):
             try:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-ENGINE_METHODS = ("ngram", "draft_model", None)
+ENGINE_METHODS = ("ngram", "draft_model", "eagle3", None)
 
 
 def prepare_engine_env() -> None:
@@ -91,8 +91,11 @@ def build_llm(
         ``num_speculative_tokens``: the largest k any arm may use.
     concurrency : int >= 1
         ``max_num_seqs``: requests decoded together.
-    method : {"ngram", "draft_model", None}
-        The engine's own proposer (its drafts are the fallback; ``draft_model`` enables the ``draft`` arm).
+    method : {"ngram", "draft_model", "eagle3", None}
+        The engine's own proposer (its drafts are the fallback; ``draft_model`` and ``eagle3`` enable the
+        ``draft`` arm). With ``draft_model`` or ``eagle3`` the kind of ``draft_model``'s directory decides:
+        an EAGLE-3 head (:mod:`adaptive_spec.vllm.eagle3`) runs as ``eagle3``, any other model as
+        ``draft_model``.
         ``None`` builds an engine without speculative decoding (what an operator runs without
         adaptive-spec; AdaptiveSpec cannot attach to it).
     draft_model : path, optional
@@ -113,11 +116,17 @@ def build_llm(
     if not isinstance(concurrency, int) or concurrency < 1:
         raise ValueError(f"concurrency={concurrency!r} is invalid; allowed: an integer >= 1")
     if method not in ENGINE_METHODS:
-        raise ValueError(f"method={method!r} is invalid; allowed: ngram, draft_model, None")
+        raise ValueError(f"method={method!r} is invalid; allowed: ngram, draft_model, eagle3, None")
     if speculative_extra and method is None:
         raise ValueError("speculative_extra needs a method; allowed with ngram or draft_model")
-    if method == "draft_model" and draft_model is None:
-        raise ValueError("method='draft_model' needs draft_model=<path of a draft model directory>")
+    if method in ("draft_model", "eagle3"):
+        if draft_model is None:
+            raise ValueError(
+                f"method={method!r} needs draft_model=<path of a draft model directory>"
+            )
+        from adaptive_spec.vllm.eagle3 import draft_method
+
+        method = draft_method(draft_model)
     from adaptive_spec.core.machine import resolve_dtype
 
     dtype = resolve_dtype(dtype)

@@ -63,6 +63,9 @@ class StepClock:
     hook_s: float = 0.0  # adapter time inside the current step (argmax, bookkeeping)
     decide_s: float = 0.0  # the decision after the previous step
     drafter_s: float = 0.0  # the draft model's passes inside the current step (draft engines)
+    drafter_passes: int | None = (
+        None  # draft passes asked of the drafter this step (planned engines)
+    )
 
     def step_time(self, tau: float) -> float:
         """The step's full cost (s), ending at ``tau`` (the end of its ``update_from_output``): from the end
@@ -151,6 +154,7 @@ class StepHooks:
         self.clock = StepClock()
         self.calibration: Any = None
         self.plain_sampler_steps = 0
+        self.drafter_passes = 0  # draft passes the drafter was asked to run, over the run
         self.greedy_verify_steps = 0
         self.sampled_verify_steps = 0
         self._engine_drafts: dict[str, list[int]] = {}
@@ -187,9 +191,22 @@ class StepHooks:
             verify_sampled,
         )
 
+        plan_passes = self.engine_method in DRAFT_METHODS
+
         def schedule(*args: Any, **kwargs: Any) -> Any:
             clock.t_schedule = time.perf_counter()
-            return orig_schedule(*args, **kwargs)
+            out = orig_schedule(*args, **kwargs)
+            # The drafter runs only the passes the decisions use (adaptive_spec.core.drafter_passes);
+            # a calibration drafts in full.
+            if plan_passes and self.calibration is None:
+                try:
+                    n = out.num_spec_tokens_to_schedule
+                    out.num_spec_tokens_to_schedule = min(n, self.next_drafts.next_passes())
+                    self.drafter_passes += out.num_spec_tokens_to_schedule
+                    clock.drafter_passes = out.num_spec_tokens_to_schedule
+                except Exception as e:
+                    driver.fault("drafter passes", e)
+            return out
 
         def update_from_output(scheduler_output: Any, model_runner_output: Any) -> Any:
             try:
@@ -489,6 +506,7 @@ class StepHooks:
             controller_time_s=hook_s + clock.decide_s,
             drafter_time_s=drafter_s,
             drafter_adapters=self.lora is not None and self.lora.last_pass_adapters,
+            drafter_passes=clock.drafter_passes,
         )
         clock.decide_s = 0.0
 

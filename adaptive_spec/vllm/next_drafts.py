@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from adaptive_spec.core.arms import Arm
+from adaptive_spec.core.drafter_passes import DrafterPasses
 from adaptive_spec.core.driver import DriverDecision, LiveRequest, StepDriver
 from adaptive_spec.core.protocol import SpecPolicy
 
@@ -53,6 +54,14 @@ class NextDrafts:
         self.drafter_family = list(drafter_family)
         self.lora = lora
         self.max_model_len = int(max_model_len)
+        # The drafter's passes at the next step: what the decisions use (DrafterPasses), or none when
+        # no proposer of the policy drafts with the drafter.
+        self.passes = DrafterPasses(int(driver.max_k)) if self.drafter_family else None
+
+    def next_passes(self) -> int:
+        """The passes the engine's drafter should run at the next step (0: only the pass that keeps
+        its KV cache current)."""
+        return self.passes.next if self.passes is not None else 0
 
     def decide(self, engine_drafts: dict[str, list[int]]) -> DriverDecision:
         """The driver's decision for every running request that decodes next (not finished, not in a
@@ -101,6 +110,15 @@ class NextDrafts:
             queue_len=len(sched.waiting),
             external_drafts=external,
         )
+        if self.passes is not None:
+            family = set(self.drafter_family)
+            self.passes.plan(
+                [
+                    len(d) if a.proposer in family else 0
+                    for a, d in zip(dec.arms, dec.drafts, strict=True)
+                ],
+                [len(engine_drafts.get(rid) or ()) for rid in dec.req_ids],
+            )
         if self.lora is not None:
             wanted = self.policy.drafter_adapters_wanted()
             for rid, arm in zip(dec.req_ids, dec.arms, strict=True):

@@ -105,9 +105,9 @@ def _draft_path(args: argparse.Namespace) -> tuple[str | None, str | None]:
             raise ValueError(f"--draft-model={args.draft_model!r} is not a directory")
         return args.draft_model, None
     try:
-        from adaptive_spec.vllm.drafts import default_draft_path
+        from adaptive_spec.vllm.eagle3 import default_drafter
 
-        path = default_draft_path()
+        path, _ = default_drafter()
     except Exception as e:  # a missing module or draft is not an error: the draft arms are optional
         if args.draft == "on":
             raise ValueError(f"--draft on, but no draft model is available ({e})") from None
@@ -115,7 +115,7 @@ def _draft_path(args: argparse.Namespace) -> tuple[str | None, str | None]:
     if path is None or not Path(path).is_dir():
         if args.draft == "on":
             raise ValueError(
-                "--draft on, but adaptive_spec.vllm.drafts.default_draft_path() found none"
+                "--draft on, but adaptive_spec.vllm.eagle3.default_drafter() found none"
             )
         return None, "no draft model found"
     return str(path), None
@@ -124,6 +124,10 @@ def _draft_path(args: argparse.Namespace) -> tuple[str | None, str | None]:
 def _lora_adapters(args: argparse.Namespace, draft_path: str | None) -> dict[str, str]:
     """LoRA adapters of the draft (name -> directory): the shipped ones when the shipped draft is used."""
     if draft_path is None or args.draft_model:
+        return {}
+    from adaptive_spec.vllm.eagle3 import is_head_dir
+
+    if is_head_dir(draft_path):  # the shipped head has no adapters yet
         return {}
     from adaptive_spec.vllm.drafts import shipped_adapters
 

@@ -86,6 +86,26 @@ def add_parser(sub: Any) -> None:
         default=48,
         help="training prompts of a workload start after its first SKIP (default 48)",
     )
+    a(
+        "--student",
+        choices=("layer-cut", "eagle3"),
+        default="layer-cut",
+        help="layer-cut (default): a draft model of --layers target layers; eagle3: an EAGLE-3 head "
+        "(one layer over three of the target's hidden states, reduced vocabulary), loaded by vLLM "
+        "as method eagle3",
+    )
+    a(
+        "--draft-vocab",
+        type=int,
+        default=8192,
+        help="eagle3: rows of the head's LM head, the target's most frequent tokens (default 8192)",
+    )
+    a(
+        "--ttt-steps",
+        type=int,
+        default=4,
+        help="eagle3: draft passes unrolled in training (training-time test; default 4)",
+    )
     a("--layers", type=int, default=2, help="decoder layers of the draft (default 2)")
     a(
         "--lora",
@@ -172,6 +192,8 @@ def _check_args(args: argparse.Namespace) -> None:
         "save_every",
         "max_prompt_tokens",
         "topk",
+        "draft_vocab",
+        "ttt_steps",
     )
     for names, low in ((positive, 1), (("eval_prompts", "skip", "warmup"), 0)):
         for name in names:
@@ -202,6 +224,12 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError("--teacher topk supports --temperature 1 only")
     if not (args.device == "cpu" or args.device.startswith("cuda")):
         raise ValueError(f"--device={args.device!r} is invalid; allowed: cpu, cuda, cuda:N")
+    if args.student == "eagle3" and args.lora is not None:
+        raise ValueError(
+            "--lora adapts a stored layer-cut draft; it cannot be used with --student eagle3"
+        )
+    if args.student == "eagle3" and args.generator == "hf":
+        raise ValueError("--student eagle3 needs --generator vllm or none")
     if args.lora is not None:
         from adaptive_spec.vllm.lora_draft import check_adapter_name
 
@@ -239,6 +267,9 @@ def _config(args: argparse.Namespace, target_dir: Path, draft_dir: Path | None) 
         device=args.device,
         autocast=not args.no_autocast,
         save_every=args.save_every,
+        student=args.student,
+        draft_vocab=args.draft_vocab,
+        ttt_steps=args.ttt_steps,
     )
 
 
@@ -278,7 +309,14 @@ def main(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    target_dir = Path(args.target) if args.target else default_model_path("bfloat16")
+    if args.target:
+        target_dir = Path(args.target)
+    elif args.student == "eagle3":  # the head reads the target's hidden states in the serving dtype
+        from adaptive_spec.core.machine import resolve_dtype
+
+        target_dir = default_model_path(resolve_dtype("auto"))
+    else:
+        target_dir = default_model_path("bfloat16")
     draft_dir = None
     if args.lora is not None:
         draft_dir = Path(args.draft) if args.draft else drafts.shipped_draft_dir()
@@ -295,6 +333,12 @@ def main(args: argparse.Namespace) -> int:
     (ckpt_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
     print(f"checkpoints: {ckpt_dir} (rerun the same command to resume)")
     progress = not args.no_progress
+    if cfg.student == "eagle3":
+        from .eagle3_command import run_eagle3
+
+        return run_eagle3(
+            cfg, ckpt_dir, out=args.out, name=args.name or Path(args.out).name, progress=progress
+        )
     try:
         target, tok, seqs = _target_and_data(cfg, ckpt_dir, progress=progress)
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0

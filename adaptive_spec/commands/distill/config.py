@@ -59,6 +59,9 @@ class DistillConfig:
     device: str = "cpu"
     autocast: bool = True
     save_every: int = 50
+    student: str = "layer-cut"
+    draft_vocab: int = 8192
+    ttt_steps: int = 4
 
     def run_id(self) -> str:
         keep = asdict(self)

@@ -223,10 +223,11 @@ def prepare_data(
     progress: bool = True,
     target: Any = None,
     tok: Any = None,
+    held_only: bool = False,
 ) -> list[TokenSequence]:
     """Prompts -> target continuations (held-out prompts greedy, training prompts at
-    ``cfg.gen_temperature``, ``cfg.samples`` each), cached in ``ckpt_dir/data.npz`` and resumable per
-    batch from ``data.partial.npz``.
+    ``cfg.gen_temperature``, ``cfg.samples`` each; with ``held_only`` the held-out ones alone, from
+    vLLM), cached in ``ckpt_dir/data.npz`` and resumable per batch from ``data.partial.npz``.
 
     With ``cfg.generator == "vllm"`` an in-process vLLM engine serves the target (n-gram speculation,
     which changes no emitted token, speeds it up); with ``"hf"`` the transformers ``target`` and
@@ -241,6 +242,8 @@ def prepare_data(
     )
     held = [p for p in prompts if p.split == "eval"]
     train = [p for p in prompts if p.split == "train" for _ in range(cfg.samples)]
+    if held_only:
+        train = []
     done = load_sequences(partial) if partial is not None and partial.exists() else []
     parts: list[list[TokenSequence]] = [
         done[: len(held)],
@@ -260,7 +263,7 @@ def prepare_data(
         "max_prompt_tokens": cfg.max_prompt_tokens,
         "progress": progress,
     }
-    if cfg.generator == "vllm":
+    if cfg.generator == "vllm" or held_only:
         from adaptive_spec.vllm.engine import build_llm
 
         llm = build_llm(

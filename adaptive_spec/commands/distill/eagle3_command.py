@@ -1,0 +1,180 @@
+"""``adaptive-spec distill --student eagle3``: train an EAGLE-3 head for the target.
+
+From data to stored head: the sequences (the target's own replies from vLLM, or reference replies
+with ``--generator none``), one target pass for the fused-layer hidden states and greedy tokens
+(:mod:`.eagle3_data`, cached), the draft vocabulary, the head (its LM head and final norm initialised
+from the target's tied embedding and final norm over the draft vocabulary), training-time-test training
+(:mod:`.eagle3_train`, resumable) and the held-out report: acceptance by draft position and mean
+accepted length at k = 1..4 per category. The head is stored with :func:`adaptive_spec.vllm.eagle3.save_head`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import DistillConfig
+from .prompts import TextPair, format_prompt, load_reference_pairs, parse_sources
+from .sequences import TokenSequence, usable
+
+K_MAX = 4
+
+
+def reference_sequences(
+    tok: Any, sources: list[str], n: int, *, skip: int, seq_len: int
+) -> list[TokenSequence]:
+    """Training sequences from the data sets' reference replies, chat-formatted, cut to their last
+    ``seq_len`` tokens (the target labels them in the feature pass)."""
+    out = []
+    for source, count in parse_sources(sources, n):
+        pairs: list[TextPair] = load_reference_pairs(source, count, skip=skip)[:count]
+        for p in pairs:
+            prompt = format_prompt(tok, p.prompt)
+            reply = tok(p.reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            toks = (prompt + reply)[-seq_len:]
+            plen = max(len(prompt) - (len(prompt) + len(reply) - len(toks)), 1)
+            out.append(TokenSequence(np.asarray(toks, dtype=np.int32), plen, p.category, "train"))
+    return out
+
+
+def format_head_report(rows: dict[str, Any]) -> str:
+    """A plain-text table: per category, acceptance by draft position and tau at k = 1..4."""
+    head = (
+        f"{'category':<12}"
+        + "".join(f"{'pos ' + str(i):>8}" for i in range(1, K_MAX + 1))
+        + "".join(f"{'tau@' + str(k):>8}" for k in range(1, K_MAX + 1))
+    )
+    lines = [head, "-" * len(head)]
+    for cat in sorted(rows, key=lambda c: (c == "all", c)):
+        st = rows[cat]
+        lines.append(
+            f"{cat:<12}"
+            + "".join(f"{x:>8.3f}" for x in st.by_position)
+            + "".join(f"{st.tau[k]:>8.3f}" for k in range(1, K_MAX + 1))
+        )
+    return "\n".join(lines)
+
+
+def run_eagle3(
+    cfg: DistillConfig,
+    ckpt_dir: Path,
+    *,
+    out: str,
+    name: str,
+    progress: bool,
+) -> int:
+    """Train and store an EAGLE-3 head (see the module docstring); returns the exit status."""
+    import torch
+
+    from adaptive_spec.core.machine import native_bf16
+    from adaptive_spec.vllm.drafts import tensor_sha256
+    from adaptive_spec.vllm.eagle3 import save_head
+
+    from .data import prepare_data
+    from .eagle3_data import aux_layers, build_features, draft_vocabulary, target_to_draft
+    from .eagle3_head import Eagle3Head, HeadShape
+    from .eagle3_train import HeadTraining, evaluate_head, train_head
+    from .teacher import load_target
+
+    target_dir = Path(cfg.target)
+    # bf16 only where the CPU runs it natively (AMX / AVX-512 BF16); elsewhere it is emulated and
+    # several times slower than float32
+    bf16 = cfg.device != "cpu" or native_bf16()
+    dtype = "bfloat16" if bf16 else "float32"
+    if cfg.generator == "vllm":
+        seqs = prepare_data(cfg, ckpt_dir, progress=progress)
+        target, tok = load_target(target_dir, cfg.device, dtype)
+        train = usable(seqs, "train")
+    else:
+        target, tok = load_target(target_dir, cfg.device, dtype)
+        seqs = prepare_data(
+            cfg, ckpt_dir, progress=progress, target=target, tok=tok, held_only=True
+        )
+        train = reference_sequences(tok, cfg.data, cfg.prompts, skip=cfg.skip, seq_len=cfg.seq_len)
+    held = usable(seqs, "eval")
+    every = train + held
+    feats = build_features(
+        target,
+        every,
+        seq_len=cfg.seq_len,
+        device=cfg.device,
+        path=ckpt_dir / "features.pt",
+        progress=progress,
+    )
+    train_idx = list(range(len(train)))
+    held_idx = list(range(len(train), len(every)))
+    vocab = int(target.config.vocab_size)
+    reply_labels = np.concatenate(
+        [feats.sequence(i)[1][feats.sequence(i)[3] + 1 :].numpy() for i in train_idx]
+    )
+    draft_ids, coverage = draft_vocabulary(reply_labels, vocab, cfg.draft_vocab)
+    t2d = torch.as_tensor(target_to_draft(draft_ids, vocab))
+    print(
+        f"data: {len(train)} training sequences ({len(feats.labels)} tokens with the held-out), "
+        f"draft vocabulary {len(draft_ids)} tokens covering {coverage:.1%} of the target's reply tokens"
+    )
+    embed = target.model.embed_tokens.weight
+    shape = HeadShape.of_target(target.config, len(draft_ids))
+    ids = torch.as_tensor(draft_ids)
+    head = Eagle3Head(shape, embed.float(), ids - torch.arange(len(draft_ids)))
+    with torch.no_grad():  # the target's output space, restricted to the draft vocabulary
+        head.lm_head.weight.copy_(target.lm_head.weight[ids].float())
+        head.norm.weight.copy_(target.model.norm.weight.float())
+    settings = HeadTraining(
+        steps=cfg.steps,
+        batch_size=cfg.batch_size,
+        ttt_steps=cfg.ttt_steps,
+        lr=cfg.lr,
+        warmup=cfg.warmup,
+        weight_decay=cfg.weight_decay,
+        save_every=cfg.save_every,
+        seed=cfg.seed,
+        autocast=cfg.autocast and bf16,
+    )
+    try:
+        result = train_head(head, feats, train_idx, t2d, settings, ckpt_dir, progress=progress)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: checkpoint kept in {ckpt_dir}; rerun the same command to resume")
+        return 130
+    cats = [every[i].category for i in held_idx]
+    report = (
+        evaluate_head(head, feats, held_idx, cats, t2d, k_max=K_MAX, autocast=settings.autocast)
+        if held_idx
+        else {}
+    )
+    curve = result.pop("history")
+    stride = max(1, len(curve) // 50)
+    training = {
+        "data": cfg.data,
+        "prompts": cfg.prompts,
+        "generator": cfg.generator,
+        "train_sequences": len(train),
+        "train_tokens": int(sum(len(s.tokens) for s in train)),
+        "draft_vocab_coverage": round(coverage, 4),
+        **{k: v for k, v in settings.__dict__.items()},
+        "seq_len": cfg.seq_len,
+        **{k: result[k] for k in ("steps_done", "seconds", "loss", "agree")},
+        "curve": [
+            [s, round(loss, 4), [round(a, 4) for a in ag]] for s, loss, ag in curve[::stride]
+        ],
+    }
+    save_head(
+        head.head_state_dict(),
+        out,
+        name=name,
+        base_model=target_dir.name,
+        aux_layers=aux_layers(int(target.config.num_hidden_layers)),
+        embed_sha256=tensor_sha256(embed),
+        training=training,
+        measured={"held_out": {c: st.as_dict() for c, st in report.items()}},
+    )
+    (ckpt_dir / "report.json").write_text(
+        json.dumps({c: st.as_dict() for c, st in report.items()}, indent=1)
+    )
+    print()
+    print(format_head_report(report))
+    print(f"\nwrote {out}")
+    return 0

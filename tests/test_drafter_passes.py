@@ -1,0 +1,42 @@
+"""The drafter's pass plan: the largest k in use, probes while it is unused or fully used."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaptive_spec.core.drafter_passes import DrafterPasses
+
+
+def test_plan_follows_the_largest_chosen_k():
+    p = DrafterPasses(4, gap=8, grow_every=4)
+    assert p.next == 4  # the first step drafts in full
+    assert p.plan([2, 1, 0], [4, 4, 4]) == 2
+    assert p.plan([1, 0, 0], [2, 2, 2]) == 1
+    assert p.plan([3], [4]) == 3
+
+
+def test_idle_plan_is_zero_with_doubling_probes():
+    p = DrafterPasses(4, gap=2, max_gap=8, grow_every=4)
+    plans = [p.plan([0, 0], [4, 4]) for _ in range(20)]
+    # probes at gaps 2, 4, 8, 8 ... (each unused probe doubles the gap)
+    assert [i for i, n in enumerate(plans) if n] == [1, 5, 13]
+    assert all(n in (0, 4) for n in plans)
+    assert p.probes == 3
+    # a request drafting again resets the gap
+    assert p.plan([2], [4]) == 2 and p.gap == 2
+
+
+def test_full_use_probes_for_longer_chains():
+    p = DrafterPasses(4, grow_every=3)
+    plans = [p.plan([2], [2]) for _ in range(7)]
+    assert plans == [2, 2, 4, 2, 2, 4, 2]
+    assert p.as_dict()["probes"] == 2
+
+
+def test_bad_settings_name_the_parameter():
+    with pytest.raises(ValueError, match="max_k=0"):
+        DrafterPasses(0)
+    with pytest.raises(ValueError, match="gap=9, max_gap=8"):
+        DrafterPasses(4, gap=9, max_gap=8)
+    with pytest.raises(ValueError, match="grow_every=0"):
+        DrafterPasses(4, grow_every=0)
