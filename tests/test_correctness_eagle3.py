@@ -55,7 +55,7 @@ def make_tiny_head(target_dir: Path, out: Path, *, steps: int = 120) -> Path:
         draft_vocabulary,
         target_to_draft,
     )
-    from adaptive_spec.commands.distill.eagle3_head import Eagle3Head, HeadShape
+    from adaptive_spec.commands.distill.eagle3_head import Eagle3Head
     from adaptive_spec.commands.distill.eagle3_train import HeadTraining, train_head
     from adaptive_spec.commands.distill.sequences import TokenSequence
     from adaptive_spec.vllm.drafts import tensor_sha256
@@ -79,12 +79,7 @@ def make_tiny_head(target_dir: Path, out: Path, *, steps: int = 120) -> Path:
     vocab = int(target.config.vocab_size)
     ids, _ = draft_vocabulary(feats.labels.numpy(), vocab, 512)
     t2d = torch.as_tensor(target_to_draft(ids, vocab))
-    emb = target.model.embed_tokens.weight
-    head = Eagle3Head(
-        HeadShape.of_target(target.config, len(ids)),
-        emb.detach(),
-        torch.as_tensor(ids) - torch.arange(len(ids)),
-    )
+    head = Eagle3Head.from_target(target, torch.as_tensor(ids))
     cfg = HeadTraining(steps=steps, batch_size=8, ttt_steps=3, lr=3e-3, warmup=10, autocast=False)
     train_head(head, feats, list(range(len(seqs))), t2d, cfg, None, progress=False)
     save_head(
@@ -93,7 +88,8 @@ def make_tiny_head(target_dir: Path, out: Path, *, steps: int = 120) -> Path:
         name="tiny-eagle3",
         base_model="tiny-llama",
         aux_layers=aux_layers(int(target.config.num_hidden_layers)),
-        embed_sha256=tensor_sha256(emb),
+        embed_sha256=tensor_sha256(target.model.embed_tokens.weight),
+        lm_head_sha256=tensor_sha256(target.lm_head.weight),
     )
     return out
 
@@ -242,7 +238,7 @@ def eagle3_results(tmp_path_factory) -> dict[str, dict[str, Any]]:
     from adaptive_spec.vllm.tiny_model import make_tiny_model
 
     target = cache_dir() / "tiny-llama-f32-4l"
-    head = cache_dir() / "tiny-llama-f32-4l-eagle3-v1"
+    head = cache_dir() / "tiny-llama-f32-4l-eagle3-v2"
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         make_tiny_model(target, default_model_path("bfloat16"), layers=4)

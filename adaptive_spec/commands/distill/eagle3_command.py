@@ -75,7 +75,7 @@ def run_eagle3(
 
     from .data import prepare_data
     from .eagle3_data import aux_layers, build_features, draft_vocabulary, target_to_draft
-    from .eagle3_head import Eagle3Head, HeadShape
+    from .eagle3_head import Eagle3Head
     from .eagle3_train import HeadTraining, evaluate_head, train_head
     from .teacher import load_target
 
@@ -116,13 +116,7 @@ def run_eagle3(
         f"data: {len(train)} training sequences ({len(feats.labels)} tokens with the held-out), "
         f"draft vocabulary {len(draft_ids)} tokens covering {coverage:.1%} of the target's reply tokens"
     )
-    embed = target.model.embed_tokens.weight
-    shape = HeadShape.of_target(target.config, len(draft_ids))
-    ids = torch.as_tensor(draft_ids)
-    head = Eagle3Head(shape, embed.float(), ids - torch.arange(len(draft_ids)))
-    with torch.no_grad():  # the target's output space, restricted to the draft vocabulary
-        head.lm_head.weight.copy_(target.lm_head.weight[ids].float())
-        head.norm.weight.copy_(target.model.norm.weight.float())
+    head = Eagle3Head.from_target(target, torch.as_tensor(draft_ids))
     settings = HeadTraining(
         steps=cfg.steps,
         batch_size=cfg.batch_size,
@@ -167,7 +161,8 @@ def run_eagle3(
         name=name,
         base_model=target_dir.name,
         aux_layers=aux_layers(int(target.config.num_hidden_layers)),
-        embed_sha256=tensor_sha256(embed),
+        embed_sha256=tensor_sha256(target.model.embed_tokens.weight),
+        lm_head_sha256=tensor_sha256(target.lm_head.weight),
         training=training,
         measured={"held_out": {c: st.as_dict() for c, st in report.items()}},
     )

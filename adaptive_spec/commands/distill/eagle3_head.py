@@ -163,9 +163,28 @@ class Eagle3Head(nn.Module):
         inv = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2).float() / s.head_dim))
         self.register_buffer("inv_freq", inv, persistent=False)
 
+    @classmethod
+    def from_target(cls, target: Any, draft_ids: torch.Tensor) -> Eagle3Head:
+        """A head for a transformers Llama ``target`` over the draft vocabulary ``draft_ids`` (int64
+        target ids, ascending): its LM head is the target's output embedding restricted to those rows,
+        frozen (shared with the target, so never stored), and its final norm starts as the target's."""
+        ids = draft_ids.to(torch.int64)
+        head = cls(
+            HeadShape.of_target(target.config, len(ids)),
+            target.model.embed_tokens.weight.detach().float(),
+            ids - torch.arange(len(ids)),
+        )
+        with torch.no_grad():
+            head.lm_head.weight.copy_(target.lm_head.weight[ids].float())
+            head.norm.weight.copy_(target.model.norm.weight.float())
+        head.lm_head.weight.requires_grad_(False)
+        return head
+
     def head_state_dict(self) -> dict[str, torch.Tensor]:
-        """The tensors a checkpoint stores (no embedding), by their EAGLE-3 names."""
-        return {k: v for k, v in self.state_dict().items() if k != "inv_freq"}
+        """The tensors a stored head holds, by their EAGLE-3 names: not the embedding and not the LM
+        head, which are the target's (its output embedding's draft-vocabulary rows)."""
+        skip = ("inv_freq", "lm_head.weight")
+        return {k: v for k, v in self.state_dict().items() if k not in skip}
 
     def _rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ang = positions.float()[..., None] * self.inv_freq  # [B, T, D/2]
