@@ -168,3 +168,38 @@ def plot_goodput_by_category(results: dict[str, ReplayResult], path: str | Path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_head_training(
+    curve: list[tuple[int, float, list[float]]], path: str | Path, title: str = "EAGLE-3 head training"
+) -> Path:
+    """Loss and agreement per unrolled draft pass over training steps, from ``(step, loss, agreement
+    per pass)`` rows (:func:`adaptive_spec.commands.distill.eagle3_train.train_head`'s history).
+    Returns the written path."""
+    plt = _plt()
+    path = Path(path)
+    steps = np.array([c[0] for c in curve])
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    loss = np.array([c[1] for c in curve])
+    a1.plot(steps, loss, color="gray", alpha=0.4, linewidth=0.8)
+    w = max(1, len(loss) // 20)
+    if len(loss) >= w:
+        a1.plot(steps[w - 1 :], np.convolve(loss, np.ones(w) / w, mode="valid"), label=f"mean of {w}")
+    a1.set_xlabel("training step")
+    a1.set_ylabel("TTT loss (weighted cross-entropy)")
+    a1.legend(fontsize=8)
+    agree = np.array([c[2] for c in curve])
+    for j in range(agree.shape[1]):
+        y = agree[:, j]
+        y = np.convolve(y, np.ones(w) / w, mode="valid") if len(y) >= w else y
+        a2.plot(steps[len(steps) - len(y) :], y, label=f"draft pass {j + 1}")
+    a2.set_xlabel("training step")
+    a2.set_ylabel("agreement with the target (training batch)")
+    a2.set_ylim(0, 1)
+    a2.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -166,10 +166,13 @@ def run_eagle3(
         training=training,
         measured={"held_out": {c: st.as_dict() for c, st in report.items()}},
     )
+    from adaptive_spec.commands.plots import plot_head_training
+
+    plot = plot_head_training(curve, ckpt_dir / "training.png")
     (ckpt_dir / "report.json").write_text(
         json.dumps({c: st.as_dict() for c, st in report.items()}, indent=1)
     )
     print()
     print(format_head_report(report))
-    print(f"\nwrote {out}")
+    print(f"\nwrote {out}; training curve: {plot}")
     return 0
