@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -63,7 +63,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _server_cmd(model_dir: Path, port: int) -> list[str]:
+def _server_cmd(model_dir: Path, port: int, extra_args: Sequence[str] = ()) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -89,6 +89,7 @@ def _server_cmd(model_dir: Path, port: int) -> list[str]:
         "0",
         "--speculative-config",
         json.dumps(SPEC_CONFIG),
+        *extra_args,
     ]
 
 
@@ -106,12 +107,14 @@ def _server(
     log: Path,
     env_extra: dict[str, str],
     started: list[subprocess.Popen] | None = None,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[str]:
-    """Start the OpenAI API server on 127.0.0.1; yield its base URL; always stop it. The process is
-    appended to ``started`` when given (to signal it from the test)."""
+    """Start the OpenAI API server on 127.0.0.1 (``extra_args`` appended to its command line); yield its
+    base URL; always stop it. The process is appended to ``started`` when given (to signal it from the
+    test)."""
     port = _free_port()
     env = _server_env(env_extra)
-    cmd = _server_cmd(model_dir, port)
+    cmd = _server_cmd(model_dir, port, extra_args)
     url = f"http://127.0.0.1:{port}"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
@@ -389,4 +392,4 @@ def test_sigterm_with_default_shutdown_timeout_saves_the_state(tiny_model_dir, t
     assert saved["state"]["n_steps"] >= learned
     assert "adaptive-spec: the policy state is saved at shutdown" in text  # said at start
     assert f"adaptive-spec: policy state saved to {state} at shutdown" in text
-    assert sorted(p.name for p in state.parent.iterdir()) == ["policy.json"]
+    assert sorted(p.name for p in state.parent.iterdir()) == [".policy.json.lock", "policy.json"]

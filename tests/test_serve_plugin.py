@@ -606,8 +606,8 @@ def test_runtime_saves_periodically_at_idle_and_at_close(fake_core, tmp_path):
         "request_steps": 14,
     }
     assert not rt._writer.is_alive()
-    # No temporary files left behind.
-    assert [p.name for p in state.parent.iterdir()] == ["policy.json"]
+    # No temporary files left behind (the lock file of the merges stays, empty).
+    assert sorted(p.name for p in state.parent.iterdir()) == [".policy.json.lock", "policy.json"]
 
 
 def test_runtime_loads_state_and_refuses_bad_files(fake_core, tmp_path, caplog):
@@ -683,16 +683,16 @@ def test_writer_keeps_only_the_newest_pending_state(fake_core, tmp_path):
     written = []
     orig = plugin.ServeRuntime._write_state
 
-    def slow_write(self, data, seq):
+    def slow_write(self, data, seq, pulled):
         with gate:
             written.append(seq)
-        orig(self, data, seq)
+        orig(self, data, seq, pulled)
 
     rt._write_state = types.MethodType(slow_write, rt)
-    rt._writer.put_state("{}", 101)
+    rt._writer.put_state("{}", 101, None)
     _wait_for(lambda: rt._writer._pending is None)  # the writer took 101 and waits on the gate
-    rt._writer.put_state("{}", 102)
-    rt._writer.put_state('{"x": 1}', 103)  # supersedes 102
+    rt._writer.put_state("{}", 102, None)
+    rt._writer.put_state('{"x": 1}', 103, None)  # supersedes 102
     gate.release()
     _wait_for(lambda: written == [101, 103])
     rt.close()

@@ -289,6 +289,29 @@ class AcceptanceModel:
         self.n_updates = int(n) if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else 0
         self._mean = None
 
+    def add_delta(self, delta: Mapping[str, Any]) -> None:
+        """Add other replicas' learning to the counts, in place: ``delta`` is the difference of two
+        :meth:`state_dict` documents of this layout (``acc`` and ``tri`` differences; how a state file
+        shared by replicas is pulled, :func:`adaptive_spec.core.state.sync_policy_state`). Counts stay
+        >= 0 and ``acc <= tri``. Raises ValueError for another layout (nothing is changed then)."""
+        try:
+            props = list(delta["proposers"])
+            d_acc = np.asarray(delta["acc"], dtype=float)
+            d_tri = np.asarray(delta["tri"], dtype=float)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"acceptance delta has a missing or malformed field ({e})") from None
+        if props != self.proposers or d_acc.shape != self.shape or d_tri.shape != self.shape:
+            raise ValueError(
+                f"acceptance delta has proposers {props} and shape {d_acc.shape}; this model has "
+                f"{self.proposers} and {self.shape}"
+            )
+        if not (np.isfinite(d_acc).all() and np.isfinite(d_tri).all()):
+            raise ValueError("acceptance delta has non-finite counts")
+        tri = np.maximum(self.tri + d_tri, 0.0)
+        self.acc = np.clip(self.acc + d_acc, 0.0, tri)  # assigning copies into the shared array
+        self.tri = tri
+        self._mean = None
+
     def set_prior_from_counts(self, strength: float) -> None:
         """Turn the current counts into the prior (each cell's mean, ``strength`` pseudo-observations
         where it has at least that many, fewer where it has less) and clear the counts: how a

@@ -136,6 +136,11 @@ class SpecPolicy(ABC):
     def load_state_dict(self, state: dict) -> None:  # noqa: B027 (optional hook)
         """Restore learned state (default: nothing)."""
 
+    def add_learning(self, delta: dict) -> bool:
+        """Add what other replicas learned (the difference of two :meth:`state_dict` documents) to
+        this policy's learned state; False when the policy does not take it in (the default)."""
+        return False
+
     def rests(self, batch_size: int) -> bool:
         """Whether the coming step is a **rest step**: the step driver skips the proposers and
         :meth:`decide`, every request plays ``none``, and :meth:`observe` still gets the outcome (with

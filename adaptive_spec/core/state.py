@@ -20,6 +20,7 @@ import os
 import re
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from adaptive_spec.core.errors import ConfigError, invalid_value
@@ -323,6 +324,23 @@ def _combine(a: object, b: object, sign: int) -> object:
     return a
 
 
+def combine_states(a: dict, b: dict, sign: int) -> dict:
+    """``a + sign * b`` on the numbers of two state documents of the same layout (anything else keeps
+    ``a``'s value): the difference of two states, or a state plus a difference."""
+    return _combine(a, b, sign)  # type: ignore[return-value]
+
+
+def has_nonzero(doc: object) -> bool:
+    """Whether a state difference has a number other than 0."""
+    if _number(doc):
+        return doc != 0
+    if isinstance(doc, dict):
+        return any(has_nonzero(v) for v in doc.values())
+    if isinstance(doc, list):
+        return any(has_nonzero(v) for v in doc)
+    return False
+
+
 def _lock_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.lock")
 
@@ -344,9 +362,44 @@ def state_file_lock(path: str | Path):
         os.close(fd)  # releases the lock
 
 
-def merge_policy_state(data: str, path: str | Path, base: dict | None) -> dict:
+def _same_layout(a: object, b: object) -> bool:
+    """Whether two state documents have the same layout: the same keys, list lengths and non-number
+    values (so that their difference, :func:`_combine`, is a difference of counts)."""
+    if _number(a) and _number(b):
+        return True
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_layout(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_layout(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """What :func:`sync_policy_state` did to the shared state file.
+
+    Attributes
+    ----------
+    mine : dict
+        The ``state`` part this process pushed (its next ``base``, unless it takes ``others`` in).
+    merged : dict
+        The file's ``state`` after the merge (the next ``seen``).
+    others : dict or None
+        What the other writers added to the file since ``seen``: ``file - seen`` before this merge,
+        number by number; None when that is not known (no usable file, no ``seen``, another layout).
+    """
+
+    mine: dict
+    merged: dict
+    others: dict | None
+
+
+def sync_policy_state(
+    data: str, path: str | Path, base: dict | None, seen: dict | None
+) -> MergeResult:
     """Add what this process learned to the state file ``path`` that other processes (data-parallel
-    replicas, other servers) write too, so that no one's update is lost.
+    replicas, other servers) write too, so that no one's update is lost (the push), and say what the
+    others added since this process last saw the file (the pull).
 
     Under :func:`state_file_lock`, the file's state becomes ``file + (mine - base)`` on every number of
     the state (:func:`_combine`): ``mine`` is the document ``data`` (from :func:`policy_state_json`),
@@ -366,11 +419,13 @@ def merge_policy_state(data: str, path: str | Path, base: dict | None) -> dict:
         The ``state`` part this process contributed at its previous merge, or, before its first
         merge, the one it started from (its fresh or just-loaded ``policy.state_dict()``). None: no
         known start, the file becomes ``mine`` (an overwrite; pass a base to merge).
+    seen : dict or None
+        The file's ``state`` as this process last saw it (the ``merged`` of its previous merge, or
+        the file it loaded, or its fresh state when there was none). None: no pull.
 
     Returns
     -------
-    dict
-        The ``state`` part of ``mine``: the caller's next ``base``.
+    MergeResult
 
     Raises
     ------
@@ -394,11 +449,31 @@ def merge_policy_state(data: str, path: str | Path, base: dict | None) -> dict:
                 disk = doc["state"]
         except (OSError, ValueError):
             disk = None
+        merged = state
         if disk is not None and base is not None:
-            delta = _combine(state, base, -1)
-            merged = dict(mine, state=_combine(disk, delta, +1))
-            out = json.dumps(merged)
+            merged = _combine(disk, _combine(state, base, -1), +1)
+            write_policy_state(json.dumps(dict(mine, state=merged)), path)
         else:
-            out = data
-        write_policy_state(out, path)
-    return state
+            write_policy_state(data, path)
+    others = None
+    if disk is not None and seen is not None and _same_layout(disk, seen):
+        others = _combine(disk, seen, -1)
+    return MergeResult(mine=state, merged=merged, others=others)  # type: ignore[arg-type]
+
+
+def merge_policy_state(data: str, path: str | Path, base: dict | None) -> dict:
+    """The push of :func:`sync_policy_state` alone: returns the ``state`` part of ``data`` (the
+    caller's next ``base``)."""
+    return sync_policy_state(data, path, base, None).mine
+
+
+def read_state_part(path: str | Path) -> dict | None:
+    """The ``state`` part of the state file at ``path``, or None when it is missing or not a state."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        return None
+    state = doc.get("state")
+    return state if isinstance(state, dict) else None

@@ -604,3 +604,10 @@ class AdaptiveController(SpecPolicy):
         # Everything parsed and validated: only now replace the learned state (never half-loaded).
         self.acceptance, self.cost = acc, cost
         self.n_steps = n_steps
+
+    def add_learning(self, delta: dict) -> bool:
+        """Other replicas' acceptance counts and steps (the cost model stays this machine's own).
+        Raises ValueError for another layout (nothing is changed then)."""
+        self.acceptance.add_delta(delta.get("acceptance") or {})
+        self.n_steps = max(0, self.n_steps + int(delta.get("n_steps", 0)))
+        return True

@@ -122,9 +122,12 @@ class ServeConfig:
     state : Path, optional
         Policy-state file: loaded at start if present, saved periodically and at shutdown.
     save_every_steps : int >= 1
-        Save the state after this many engine steps since the last save.
+        Save the state after this many engine steps since the last save. Each save merges with the
+        file: it adds this engine's learning since its previous save and takes in what other replicas
+        sharing the file added since (:class:`~adaptive_spec.vllm.plugin.runtime.ServeRuntime`).
     save_every_s : float > 0
-        ... or when this many seconds have passed since the last save (checked after each step).
+        ... or when this many seconds have passed since the last save (checked after each step): how
+        often, at most, replicas sharing a state file learn from each other while busy.
     metrics_interval_s : float > 0
         Seconds between metrics snapshots (the freshness of ``/metrics``).
     trace : Path, optional
@@ -146,7 +149,7 @@ class ServeConfig:
     policy: str = "adaptive"
     state: Path | None = None
     save_every_steps: int = 1000
-    save_every_s: float = 60.0
+    save_every_s: float = 10.0
     metrics_interval_s: float = 1.0
     trace: Path | None = None
     seed: int = 0

@@ -7,11 +7,15 @@ out (shutdown, ``SIGTERM``) saves the state and detaches.
 
 Persistence: every ``save_every_steps`` engine steps or ``save_every_s`` seconds (whichever first; checked
 after each step) the engine thread serialises the policy state to a JSON string (tens of microseconds for
-the default controller) and hands it to a background thread (:class:`_Writer`), which writes it
-atomically (:func:`adaptive_spec.core.state.write_policy_state`). A final save happens at shutdown, after
-the background thread has finished; under vLLM's default ``--shutdown-timeout 0`` the API server is made
-to wait for it (:func:`adaptive_spec.vllm.plugin.registration._patch_shutdown_grace`). Stale temporary files of a killed save are removed at start. A state
-file that is corrupt or does not fit (other proposers, ``max_k``, policy) is refused with a log line,
+the default controller) and hands it to a background thread (:class:`_Writer`), which merges it into the
+file under a file lock and writes it atomically (:func:`adaptive_spec.core.state.sync_policy_state`):
+the file gets what this engine learned since its previous save (the push), and the engine gets what
+other replicas sharing the file added since (the pull), which the engine thread adds to its policy
+after its next step (``policy.add_learning``: the adaptive controllers' acceptance counts and steps;
+the step-cost model stays each machine's own). A final save happens at shutdown, after the background
+thread has finished; under vLLM's default ``--shutdown-timeout 0`` the API server is made to wait for it
+(:func:`adaptive_spec.vllm.plugin.registration._patch_shutdown_grace`). Stale temporary files of a
+killed save are removed at start. A state file that is corrupt or does not fit (other proposers, ``max_k``, policy) is refused with a log line,
 moved aside to ``<file>.refused-<unix time>``, and the controller starts fresh.
 
 Metrics: the same background thread writes a snapshot of the counters every ``metrics_interval_s``
@@ -112,11 +116,21 @@ class ServeRuntime:
         self._state_lock = threading.Lock()
         self._metrics_key: tuple[Any, ...] | None = None
         self._metrics_warned = False
+        # The shared state file (adaptive_spec.core.state.sync_policy_state). Each save (writer
+        # thread) adds what this engine learned since its previous save to the file (the push) and
+        # hands back what the other replicas added since this engine last saw the file (the pull),
+        # which the engine thread adds to its policy after its next step. What this engine learned
+        # itself is its policy's state minus the pulls it took in (``_pulled``, engine thread);
+        # ``_own_base`` is that at the previous save and ``_file_seen`` the file then (writer side).
+        self._own_base: dict[str, Any] | None = None
+        self._file_seen: dict[str, Any] | None = None
+        self._pulled: dict[str, Any] | None = None
+        self._pull_pending: dict[str, Any] | None = None
+        self._pull_lock = threading.Lock()  # guards _pull_pending only (never held during I/O)
+        self.pulls = 0
+        self.pull_failures = 0
         try:
             self.state_loaded = self._load_state()
-            # Where this engine's learning starts: each save adds what it learned since to the file
-            # (other replicas' counts in it are kept; adaptive_spec.core.state.merge_policy_state).
-            self._merge_base = self._state_snapshot()
             self._refresh_estimates()
             self._write_metrics()
             self._writer = _Writer(self, config.metrics_interval_s)
@@ -149,20 +163,33 @@ class ServeRuntime:
     def _load_state(self) -> bool:
         """Check the state path (writable; stale temporary files removed), then load the state file if
         there is one; a refused file is moved aside (:func:`adaptive_spec.core.state.load_or_set_aside`)."""
-        from adaptive_spec.core.state import load_or_set_aside, prepare_state_path
+        from adaptive_spec.core.state import (
+            load_or_set_aside,
+            prepare_state_path,
+            read_state_part,
+            state_file_lock,
+        )
 
         path = self.state_path
         if path is None:
             return False
         name = self.config.label("state")
         prepare_state_path(path, name)
-        if not path.exists():
+        existed = path.exists()
+        # Where this engine's learning starts, and the file as it saw it (its fresh state when there
+        # was no file: then everything in the file at the first merge is the others').
+        with state_file_lock(path) if existed else contextlib.nullcontext():
+            # (no replica's merge between loading the file and reading it again)
+            loaded = existed and load_or_set_aside(self.spec.policy, path, name)
+            self._own_base = self._state_snapshot()
+            self._file_seen = (read_state_part(path) if loaded else None) or self._own_base
+        if not existed:
             logger.info(
                 "adaptive-spec: no policy state at %s yet; the controller starts fresh and saves there",
                 path,
             )
             return False
-        if load_or_set_aside(self.spec.policy, path, name):
+        if loaded:
             logger.info(
                 "adaptive-spec: policy state loaded from %s (%s learned steps)",
                 path,
@@ -186,6 +213,8 @@ class ServeRuntime:
         ``save_every_steps`` steps or ``save_every_s`` seconds while busy, and as soon as the engine has
         no unfinished request, so that an idle server's state on disk is current)."""
         try:
+            if self._pull_pending is not None:
+                self._take_pull()
             if model_executed:
                 self._steps += 1
             unsaved = self._steps - self._saved_steps
@@ -214,22 +243,28 @@ class ServeRuntime:
         data = policy_state_json(self.spec.policy)
         self.max_serialise_s = max(self.max_serialise_s, time.perf_counter() - t0)
         self._seq += 1
-        self._writer.put_state(data, self._seq)
+        self._writer.put_state(data, self._seq, self._pulled)
         self._saved_steps = self._steps
         self._saved_t = now
 
-    def _write_state(self, data: str, seq: int) -> None:
-        """Writer thread (and :meth:`close`): write if newer than what is on disk."""
-        from adaptive_spec.core.state import merge_policy_state
+    def _write_state(self, data: str, seq: int, pulled: dict[str, Any] | None) -> None:
+        """Writer thread (and :meth:`close`): merge into the file if newer than what is on disk; keep
+        what the other replicas added for the engine thread (:meth:`_take_pull`). ``pulled``: the pulls
+        the policy had taken in when ``data`` was serialised."""
+        from adaptive_spec.core.state import combine_states, has_nonzero, sync_policy_state
 
         assert self.state_path is not None
         with self._state_lock:
             if seq <= self._written_seq:
                 return
             try:
-                # Under a file lock, counts added to the file's (data-parallel replicas and other
-                # servers share it), written atomically.
-                self._merge_base = merge_policy_state(data, self.state_path, self._merge_base)
+                # Under a file lock, this engine's own learning since its previous save added to the
+                # file's counts (data-parallel replicas and other servers share it), written
+                # atomically; ``data`` minus ``base`` is that learning.
+                base = self._own_base
+                if base is not None and pulled is not None:
+                    base = combine_states(base, pulled, +1)
+                result = sync_policy_state(data, self.state_path, base, self._file_seen)
             except OSError as e:
                 self.save_failures += 1
                 if self.save_failures <= 3 or self.save_failures % 100 == 0:
@@ -242,9 +277,54 @@ class ServeRuntime:
                         self.save_failures,
                     )
                 return
+            mine = result.mine
+            self._own_base = mine if pulled is None else combine_states(mine, pulled, -1)
+            self._file_seen = result.merged
+            if result.others is not None and has_nonzero(result.others):
+                with self._pull_lock:
+                    pending = self._pull_pending
+                    self._pull_pending = (
+                        result.others
+                        if pending is None
+                        else combine_states(pending, result.others, +1)
+                    )
             self._written_seq = seq
             self.saves += 1
             self.last_save_time = time.time()
+
+    def _take_pull(self) -> None:
+        """Engine thread, between steps: add what the other replicas pushed to the policy
+        (``policy.add_learning``; policies that learn nothing, or another layout, skip it)."""
+        import json
+
+        from adaptive_spec.core.state import combine_states, policy_state_json
+
+        with self._pull_lock:
+            others, self._pull_pending = self._pull_pending, None
+        if others is None:
+            return
+        policy = self.spec.policy
+        before = json.loads(policy_state_json(policy))["state"]
+        try:
+            if not policy.add_learning(others):
+                return
+        except (TypeError, ValueError) as e:
+            self.pull_failures += 1
+            if self.pull_failures <= 3:
+                logger.warning(
+                    "adaptive-spec: the other replicas' learning in %s does not fit this policy "
+                    "(%s: %s); this engine keeps its own",
+                    self.state_path,
+                    type(e).__name__,
+                    e,
+                )
+            return
+        # What the policy actually took in (counts are kept >= 0): never pushed back as its own.
+        applied = combine_states(json.loads(policy_state_json(policy))["state"], before, -1)
+        self._pulled = (
+            applied if self._pulled is None else combine_states(self._pulled, applied, +1)
+        )
+        self.pulls += 1
 
     def save_now(self) -> None:
         """Serialise and write the state synchronously on the calling thread (the engine's thread)."""
@@ -253,7 +333,7 @@ class ServeRuntime:
         from adaptive_spec.core.state import policy_state_json
 
         self._seq += 1
-        self._write_state(policy_state_json(self.spec.policy), self._seq)
+        self._write_state(policy_state_json(self.spec.policy), self._seq, self._pulled)
         self._saved_steps = self._steps
         self._saved_t = time.monotonic()
 
@@ -351,13 +431,17 @@ class _Writer(threading.Thread):
         self.runtime = runtime
         self.interval_s = interval_s
         self._cv = threading.Condition()
-        self._pending: tuple[str, int] | None = None
+        self._pending: tuple[str, int, dict[str, Any] | None] | None = None
         self._nudged = False
         self._stopping = False
 
-    def put_state(self, data: str, seq: int) -> None:
+    def put_state(self, data: str, seq: int, pulled: dict[str, Any] | None) -> None:
         with self._cv:
-            self._pending = (data, seq)  # an older pending state is superseded, never queued up
+            self._pending = (
+                data,
+                seq,
+                pulled,
+            )  # an older pending state is superseded, never queued
             self._cv.notify()
 
     def nudge(self) -> None:
