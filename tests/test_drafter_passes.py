@@ -40,3 +40,14 @@ def test_bad_settings_name_the_parameter():
         DrafterPasses(4, gap=9, max_gap=8)
     with pytest.raises(ValueError, match="grow_every=0"):
         DrafterPasses(4, grow_every=0)
+
+
+def test_baseline_is_not_charged_the_passes_beyond_its_k():
+    from adaptive_spec.core.drafter_passes import passes_not_in_baseline
+
+    # 3 draft passes + the KV-cache pass took 4 ms: 1 ms each
+    assert passes_not_in_baseline(0.004, 3, 0) == pytest.approx(0.003)
+    assert passes_not_in_baseline(0.004, 3, 2) == pytest.approx(0.001)
+    assert passes_not_in_baseline(0.004, 3, 4) == 0.0
+    assert passes_not_in_baseline(0.004, None, 0) == 0.0  # passes not planned: all fixed
+    assert passes_not_in_baseline(0.0, 3, 0) == 0.0

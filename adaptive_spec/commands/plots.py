@@ -171,7 +171,9 @@ def plot_goodput_by_category(results: dict[str, ReplayResult], path: str | Path)
 
 
 def plot_head_training(
-    curve: list[tuple[int, float, list[float]]], path: str | Path, title: str = "EAGLE-3 head training"
+    curve: list[tuple[int, float, list[float]]],
+    path: str | Path,
+    title: str = "EAGLE-3 head training",
 ) -> Path:
     """Loss and agreement per unrolled draft pass over training steps, from ``(step, loss, agreement
     per pass)`` rows (:func:`adaptive_spec.commands.distill.eagle3_train.train_head`'s history).
@@ -184,7 +186,9 @@ def plot_head_training(
     a1.plot(steps, loss, color="gray", alpha=0.4, linewidth=0.8)
     w = max(1, len(loss) // 20)
     if len(loss) >= w:
-        a1.plot(steps[w - 1 :], np.convolve(loss, np.ones(w) / w, mode="valid"), label=f"mean of {w}")
+        a1.plot(
+            steps[w - 1 :], np.convolve(loss, np.ones(w) / w, mode="valid"), label=f"mean of {w}"
+        )
     a1.set_xlabel("training step")
     a1.set_ylabel("TTT loss (weighted cross-entropy)")
     a1.legend(fontsize=8)

@@ -110,3 +110,13 @@ class DrafterPasses:
             "mean_passes": round(self.passes / self.steps, 4) if self.steps else 0.0,
             "probes": self.probes,
         }
+
+
+def passes_not_in_baseline(drafter_time_s: float, passes: int | None, baseline_k: int) -> float:
+    """The drafter time (s) of a step's draft passes that a baseline drafting ``baseline_k`` tokens with
+    the drafter (0 when it does not draft with it) would not have run: the passes beyond its k, each
+    priced at the step's drafter time over its passes plus the one that keeps the drafter's KV cache
+    current. 0 where the passes are not planned (``passes`` None or 0)."""
+    if not passes or drafter_time_s <= 0:
+        return 0.0
+    return drafter_time_s * max(passes - baseline_k, 0) / (passes + 1)

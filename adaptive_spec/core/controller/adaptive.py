@@ -23,6 +23,7 @@ from adaptive_spec.core.baselines import baseline_rule
 from adaptive_spec.core.cost_model import StepCostModel
 from adaptive_spec.core.cost_table import StepCostTable
 from adaptive_spec.core.drafter_cost import DrafterCost
+from adaptive_spec.core.drafter_passes import passes_not_in_baseline
 from adaptive_spec.core.protocol import Decision, SpecPolicy, StepOutcome, StepView
 from adaptive_spec.core.safety import BaselineTracker, ConservativeGuard
 
@@ -191,22 +192,6 @@ class AdaptiveController(SpecPolicy):
         return self.schedule.rest_steps
 
     # -- baseline ---------------------------------------------------------------------------------
-    def _passes_not_in_baseline(self, outcome: StepOutcome, batch_size: int) -> float:
-        """The drafter time (s) of this step's draft passes that the baseline would not have run: the
-        passes beyond the baseline's own k (its k when it drafts with the drafter, else 0), each priced
-        at the step's drafter time over its passes plus the one that keeps the drafter's KV cache
-        current (adaptive_spec.core.drafter_passes). 0 where the passes are not planned."""
-        passes, d = outcome.drafter_passes, outcome.drafter_time_s
-        if not passes or d <= 0:
-            return 0.0
-        base = self.baseline.proposer
-        kb = (
-            self.baseline_k(batch_size)
-            if base in ("draft",) or str(base).startswith("lora:")
-            else 0
-        )
-        return d * max(passes - kb, 0) / (passes + 1)
-
     def baseline_k(self, batch_size: int) -> int:
         """The baseline's k at ``batch_size`` (0 outside every table row)."""
         return self.baseline.k_at(batch_size, self.max_k)
@@ -432,7 +417,10 @@ class AdaptiveController(SpecPolicy):
             dt = self.cost.at(B, pend.Vb, sampled) - self.cost.at(
                 B, outcome.num_verified_tokens, sampled
             )
-            base_time = max(t - extra - self._passes_not_in_baseline(outcome, B) + dt, 1e-9)
+            base = self.baseline.proposer
+            kb = self.baseline_k(B) if base == "draft" or str(base).startswith("lora:") else 0
+            passes = passes_not_in_baseline(outcome.drafter_time_s, outcome.drafter_passes, kb)
+            base_time = max(t - extra - passes + dt, 1e-9)
         # One compiled call: the decision's baseline drafts registered; acceptance labels and
         # histories; every row's committed tokens to the safety tracker (a draft registered on an
         # earlier step is resolved by the tokens committed after it, whatever the request played
