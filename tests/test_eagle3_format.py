@@ -109,9 +109,7 @@ def test_shipped_drafters_fit_the_budget():
     )
     assert total <= 30 * 2**20, f"shipped drafters take {total / 2**20:.1f} MiB; the limit is 30"
     spec = eagle3.read_head_spec(eagle3.shipped_head_dir())
-    assert spec.base_model == "SmolLM2-135M-Instruct-float32" or spec.base_model.startswith(
-        "SmolLM2-135M-Instruct"
-    )
+    assert spec.base_model.startswith("SmolLM2-135M-Instruct"), spec.base_model
     held = spec.measured["held_out"]["all"]
     assert held["by_position"][0] > 0.3, held  # its recorded held-out agreement
 
