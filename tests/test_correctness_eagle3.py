@@ -218,7 +218,7 @@ def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
         decode = seen[1:]
         assert decode.count(0) >= 0.8 * len(decode), f"passes per step {seen}: mostly 0 expected"
         # no drafter proposer at all: never a pass beyond the KV-cache one
-        _, _, none_seen = run("passes-ngram", "ngram", ("none", "ngram"))
+        _, _, none_seen = run("passes-ngram", "static:ngram:2", ("none", "ngram"))
         assert all(n == 0 for n in none_seen[1:]), none_seen
         return f"{decode.count(0)}/{len(decode)} steps without draft passes"
 

@@ -88,15 +88,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--proposers",
         default="none,ngram,jacobi",
-        help="comma-separated proposers the controller may choose: none, ngram, jacobi, suffix, draft (the draft "
-        "model), lora:<name> (the draft model with LoRA adapter <name>), lora (every available adapter) "
-        "(default none,ngram,jacobi; draft and lora load the shipped distilled draft unless --draft-model "
-        "is given)",
+        help="comma-separated proposers the controller may choose: none, ngram, jacobi, suffix, draft (the "
+        "engine's drafter: the shipped EAGLE-3 head unless --draft-model is given), lora:<name> (a "
+        "layer-cut --draft-model with LoRA adapter <name>), lora (every --lora-adapter) (default "
+        "none,ngram,jacobi)",
     )
     p.add_argument(
         "--draft-model",
         default=None,
-        help="draft model directory for the draft/lora proposers (default: the shipped draft for the "
+        help="drafter directory for the draft/lora proposers: an EAGLE-3 head or a draft model (default: the shipped head for the "
         "embedded model, assembled into the cache on first use)",
     )
     p.add_argument(
@@ -104,8 +104,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=DIR",
-        help="a LoRA adapter for the draft (repeatable; adds to the shipped draft's adapters code, math, "
-        "chat when the shipped draft is used)",
+        help="a LoRA adapter for the layer-cut --draft-model (repeatable; none is shipped)",
     )
     p.add_argument(
         "--seed", type=int, default=0, help="seed of the engine and the policy (default 0)"
@@ -235,7 +234,7 @@ def resolve_drafts(
         if args.model:
             raise ValueError(
                 f"--proposers={','.join(proposers)} with --model={args.model!r} needs --draft-model "
-                "(the shipped draft fits the embedded model only)"
+                "(the shipped head fits the embedded model only)"
             )
         from adaptive_spec.vllm.eagle3 import default_drafter
 

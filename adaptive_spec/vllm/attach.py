@@ -574,7 +574,7 @@ class AdaptiveSpec:
         rejection sampler (``plain_sampler_steps``, :mod:`adaptive_spec.vllm.sampling`), the greedy steps
         with drafts verified without it (``greedy_verify_steps``), the sampled steps with deterministic
         drafts verified without it (``sampled_verify_steps``), where the policy's step-cost table
-        came from (``cost_table_source``, None for a policy that prices no steps), on a draft engine the
+        came from (``cost_table_source``, None for a policy that prices no steps), on an EAGLE engine the
         drafter passes asked for (``drafter_passes``, ``drafter_plan``) and (for the adaptive
         controller) the safety rule's standing against its baseline. Definitions:
         :mod:`adaptive_spec.core.metrics`."""
@@ -589,7 +589,7 @@ class AdaptiveSpec:
         d["plain_sampler_steps"] = counts.plain_sampler_steps
         d["greedy_verify_steps"] = counts.greedy_verify_steps
         d["sampled_verify_steps"] = counts.sampled_verify_steps
-        if self.engine_method in DRAFT_METHODS:
+        if self.hooks.plan_passes:
             # The passes the engine's drafter was asked to run (adaptive_spec.core.drafter_passes).
             d["drafter_passes"] = self.hooks.drafter_passes
             plan = self.hooks.next_drafts.passes

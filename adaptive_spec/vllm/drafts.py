@@ -1,4 +1,7 @@
-"""Draft models for the ``draft`` proposer: the shipped distilled draft and its on-disk format.
+"""Layer-cut draft models for the ``draft`` proposer and their on-disk format (none is shipped now: the
+shipped drafter is the EAGLE-3 head of :mod:`adaptive_spec.vllm.eagle3`; ``adaptive-spec distill
+--student layer-cut`` trains a layer cut, and :func:`default_draft_path` raises ``FileNotFoundError``
+without one).
 
 A draft here is a *layer cut* of its target (Elhoushi et al. 2024, "LayerSkip"; Zhang et al. 2024,
 "Draft & Verify"): the target's token embedding, final norm and (tied) LM head, with ``n`` decoder

@@ -48,6 +48,9 @@ from adaptive_spec.vllm.checks import DRAFT_METHODS
 from adaptive_spec.vllm.next_drafts import NextDrafts
 from adaptive_spec.vllm.patches import InstancePatches
 
+#: Drafter methods whose passes follow the decisions (adaptive_spec.core.drafter_passes).
+PLANNED_METHODS = ("eagle", "eagle3")
+
 
 @dataclass(slots=True)
 class StepClock:
@@ -155,6 +158,7 @@ class StepHooks:
         self.calibration: Any = None
         self.plain_sampler_steps = 0
         self.drafter_passes = 0  # draft passes the drafter was asked to run, over the run
+        self.plan_passes = False  # whether the drafter's passes follow the decisions (install())
         self.greedy_verify_steps = 0
         self.sampled_verify_steps = 0
         self._engine_drafts: dict[str, list[int]] = {}
@@ -191,7 +195,9 @@ class StepHooks:
             verify_sampled,
         )
 
-        plan_passes = self.engine_method in DRAFT_METHODS
+        # EAGLE heads only: a draft model's proposals were seen to change after steps with fewer passes
+        # (tests/test_correctness_draft.py), so a draft model keeps vLLM's full passes.
+        plan_passes = self.plan_passes = self.engine_method in PLANNED_METHODS
 
         def schedule(*args: Any, **kwargs: Any) -> Any:
             clock.t_schedule = time.perf_counter()

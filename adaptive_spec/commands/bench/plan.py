@@ -27,7 +27,7 @@ name                        kind     engine    what runs
 -eps)
 ``adaptive+draft``          adaptive draft     the controller with the draft model as a fourth proposer
 ``adaptive+lora``           adaptive draft     the controller with the draft model and each of its LoRA
-                                               adapters (``lora:<name>`` arms; the shipped adapters)
+                                               adapters (``lora:<name>`` arms; none shipped)
 ``static:lora:<name>:<k>``  static   draft     the draft model with LoRA adapter ``name``, fixed k
 ``vllm-ngram``              vllm     main      vLLM's own n-gram speculation, k = max_k, nothing attached
 ``vllm-dynamic``            vllm     dynamic   vLLM's own dynamic speculation

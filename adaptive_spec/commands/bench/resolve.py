@@ -105,9 +105,10 @@ def _draft_path(args: argparse.Namespace) -> tuple[str | None, str | None]:
             raise ValueError(f"--draft-model={args.draft_model!r} is not a directory")
         return args.draft_model, None
     try:
+        from adaptive_spec.core.machine import resolve_dtype
         from adaptive_spec.vllm.eagle3 import default_drafter
 
-        path, _ = default_drafter()
+        path, _ = default_drafter(resolve_dtype(getattr(args, "dtype", "auto") or "auto"))
     except Exception as e:  # a missing module or draft is not an error: the draft arms are optional
         if args.draft == "on":
             raise ValueError(f"--draft on, but no draft model is available ({e})") from None
@@ -122,7 +123,8 @@ def _draft_path(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 
 def _lora_adapters(args: argparse.Namespace, draft_path: str | None) -> dict[str, str]:
-    """LoRA adapters of the draft (name -> directory): the shipped ones when the shipped draft is used."""
+    """LoRA adapters of the draft (name -> directory): a shipped layer cut's, if one is shipped (the
+    shipped EAGLE-3 head has none)."""
     if draft_path is None or args.draft_model:
         return {}
     from adaptive_spec.vllm.eagle3 import is_head_dir
