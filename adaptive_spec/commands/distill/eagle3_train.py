@@ -18,7 +18,6 @@ steps and on Ctrl-C / SIGTERM, and resumes exactly (parameters, optimiser, sched
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .eagle3_data import Features
-from .training import _atomic_save, _Interrupt, batch_order
+from .training import _atomic_save, _Interrupt, batch_order, warmup_cosine
 
 logger = logging.getLogger("adaptive_spec.commands.distill")
 
@@ -170,13 +169,7 @@ def train_head(
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
 
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup:
-            return (step + 1) / max(cfg.warmup, 1)
-        prog = (step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1)
-        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(prog, 1.0)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.warmup, cfg.steps))
     step, history = 0, []
     path = ckpt_dir / "head.pt" if ckpt_dir is not None else None
     if path is not None and path.exists():

@@ -10,7 +10,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,19 @@ from .sequences import TokenSequence, collate
 from .teacher import teacher_batch
 
 logger = logging.getLogger("adaptive_spec.commands.distill")
+
+
+def warmup_cosine(warmup: int, steps: int) -> Callable[[int], float]:
+    """The learning-rate factor at each step: linear warm-up over ``warmup`` steps, then cosine decay
+    to 0.05 at ``steps``."""
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(warmup, 1)
+        prog = (step - warmup) / max(steps - warmup, 1)
+        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(prog, 1.0)))
+
+    return lr_at
 
 
 def batch_order(n: int, batch_size: int, step: int, seed: int) -> list[int]:
@@ -104,13 +117,7 @@ def train_draft(
     dev = cfg.device
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
 
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup:
-            return (step + 1) / max(cfg.warmup, 1)
-        prog = (step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1)
-        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(prog, 1.0)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.warmup, cfg.steps))
     step, history = 0, []
     path = ckpt_dir / "train.pt" if ckpt_dir is not None else None
     if ckpt_dir is not None:
