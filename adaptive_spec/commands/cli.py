@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
+    from adaptive_spec.vllm.exit_report import install as quiet_exit
+
+    quiet_exit()  # no Triton leak report under the command's result
     return int(args.func(args) or 0)
 
 

@@ -253,6 +253,9 @@ def register() -> None:
         from adaptive_spec.vllm.cpu_fixes import guard_kernel_override_scan
 
         guard_kernel_override_scan()  # the controller loads Numba; vLLM's worker start-up scan trips on it
+        from adaptive_spec.vllm.exit_report import install as quiet_exit
+
+        quiet_exit()  # no Triton leak report under the server's last lines
         _forward_logs_to_vllm()
         directory = ensure_metrics_dir()
         from adaptive_spec.vllm.prom import register_collector
