@@ -177,6 +177,10 @@ def test_server_command_and_env(tmp_path):
     cmd = server_command(adaptive, _settings(enforce_eager=False, prefix_caching=True), 1)
     assert "--shutdown-timeout" in cmd and "--enforce-eager" not in cmd
     assert "--enable-prefix-caching" in cmd
+    # --multiprocessing: vLLM's default process layout, for every configuration alike.
+    mp = _settings(multiprocessing=True)
+    assert server_env(none, mp, base=base)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    assert server_env(adaptive, mp, base=base)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
 
 
 def _result(ttfts, latencies, lens, texts, itls=None, errors=None, duration=10.0):

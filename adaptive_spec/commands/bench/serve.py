@@ -192,6 +192,14 @@ def add_parser(sub: Any) -> None:
         help="start the servers with --enforce-eager (fast start, slower decode; always on with --quick)",
     )
     p.add_argument(
+        "--multiprocessing",
+        action="store_true",
+        help="run each server as vLLM does by default, the engine core in its own process "
+        "(VLLM_ENABLE_V1_MULTIPROCESSING=1); needed for --server-arg=--tensor-parallel-size. Default "
+        "off: the engine core stays in the API server's process, which on a machine with few cores "
+        "leaves the engine more of them",
+    )
+    p.add_argument(
         "--prefix-caching",
         action="store_true",
         help="keep vLLM's prefix caching on (default off: every pattern sends the same prompts, and "
@@ -255,6 +263,7 @@ def _print_plan(console: Any, plan: Plan, runner: Runner) -> None:
         )
         + f", {plan.requests} requests x {plan.max_tokens} tokens per pattern, dtype {plan.dtype}, "
         f"servers {'eager' if plan.eager else 'compiled'}"
+        + (", engine core in its own process" if runner.settings.multiprocessing else "")
     )
     console.print("  configurations (run order): " + ", ".join(c.name for c in plan.configs))
     if plan.patterns is not None:
@@ -382,6 +391,7 @@ def finish(runner: Runner, env_start: dict[str, Any], total_s: float) -> dict[st
             "max_model_len": runner.settings.max_model_len,
             "kv_cache_gib": plan.kv_cache_gib,
             "prefix_caching": runner.settings.prefix_caching,
+            "multiprocessing": runner.settings.multiprocessing,
             "requests": plan.requests,
             "max_tokens": plan.max_tokens,
             "warmup": plan.warmup,

@@ -198,6 +198,7 @@ def server_settings(plan: Plan, args: argparse.Namespace) -> ServerSettings:
         max_k=plan.max_k,
         seed=args.seed,
         extra_args=tuple(args.server_arg),
+        multiprocessing=bool(getattr(args, "multiprocessing", False)),
     )
 
 

@@ -58,6 +58,9 @@ class ServerSettings:
         ``--seed`` and ``ADAPTIVE_SPEC_SEED``.
     extra_args : tuple of str
         Appended to every server's command line (``--server-arg``).
+    multiprocessing : bool
+        vLLM's default process layout (``VLLM_ENABLE_V1_MULTIPROCESSING=1``: the engine core in its own
+        process, beside the API server); False keeps the engine core in the API server's process.
     """
 
     model: Path
@@ -71,6 +74,7 @@ class ServerSettings:
     max_k: int
     seed: int = 0
     extra_args: tuple[str, ...] = field(default=())
+    multiprocessing: bool = False
 
 
 def free_port(host: str = HOST) -> int:
@@ -128,8 +132,8 @@ def server_env(
     base: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """The server's environment: ``base`` (default ``os.environ``) without any ``ADAPTIVE_SPEC*``
-    variable, ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` for every configuration (the plugin needs it on the
-    CPU; the same for all so that they differ only by what is measured), and for plugin configurations
+    variable, ``VLLM_ENABLE_V1_MULTIPROCESSING`` as ``settings.multiprocessing`` says (the same for
+    every configuration, so that they differ only by what is measured), and for plugin configurations
     ``ADAPTIVE_SPEC=1`` with the policy, proposers, seed, metrics interval and state file."""
     env = {
         k: v
@@ -138,7 +142,7 @@ def server_env(
     }
     env.update(
         {
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if settings.multiprocessing else "0",
             "VLLM_LOGGING_LEVEL": "INFO",
             "PYTHONUNBUFFERED": "1",
         }
