@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -338,6 +339,27 @@ def assemble_draft(
     return out_dir
 
 
+def shipped_dir(root: Path, name: str, what: str, marker: str = SPEC_FILE) -> Path:
+    """``root/<name>`` when it holds a stored drafter (its ``marker`` file).
+
+    Raises
+    ------
+    FileNotFoundError
+        If it does not; the message names ``what`` and lists those that are shipped under ``root``.
+    """
+    d = root / name
+    if not (d / marker).is_file():
+        have = (
+            sorted(p.name for p in root.iterdir() if (p / marker).is_file())
+            if root.is_dir()
+            else []
+        )
+        raise FileNotFoundError(
+            f"{what} {name!r} is not shipped in {root}; available: {', '.join(have) or 'none'}"
+        )
+    return d
+
+
 def shipped_draft_dir(name: str = DEFAULT_DRAFT) -> Path:
     """Directory of a draft shipped in the package (``adaptive_spec/data/drafts/<name>``).
 
@@ -346,17 +368,7 @@ def shipped_draft_dir(name: str = DEFAULT_DRAFT) -> Path:
     FileNotFoundError
         If no such draft is shipped; the message lists those that are.
     """
-    d = DRAFTS_DIR / name
-    if not (d / SPEC_FILE).is_file():
-        have = (
-            sorted(p.name for p in DRAFTS_DIR.iterdir() if (p / SPEC_FILE).is_file())
-            if DRAFTS_DIR.is_dir()
-            else []
-        )
-        raise FileNotFoundError(
-            f"draft {name!r} is not shipped in {DRAFTS_DIR}; available: {', '.join(have) or 'none'}"
-        )
-    return d
+    return shipped_dir(DRAFTS_DIR, name, "draft")
 
 
 def shipped_adapters(name: str = DEFAULT_DRAFT) -> dict[str, Path]:
@@ -397,19 +409,47 @@ def assemble_cached(
     ValueError, FileNotFoundError
         As :func:`assemble_draft`.
     """
+    spec = read_draft_spec(draft_dir)
+    return assemble_into_cache(
+        draft_dir, spec.name, spec.weights_sha256, dtype, assemble_draft,
+        prefix="draft", what="draft", target_dir=target_dir, root=root,
+    )  # fmt: skip
+
+
+def assemble_into_cache(
+    stored: str | Path,
+    name: str,
+    weights_sha256: str,
+    dtype: str,
+    assemble: Callable[[str | Path, str | Path, str | Path, str], Any],
+    *,
+    prefix: str,
+    what: str,
+    target_dir: str | Path | None = None,
+    root: str | Path | None = None,
+) -> Path:
+    """Run ``assemble(stored, target_dir, out, dtype)`` once into
+    ``<root>/<prefix>-<name>-<sha[:12]>-<dtype>`` (under a file lock, in a temporary sibling renamed
+    into place, with a manifest; :func:`adaptive_spec.vllm.models.build_cached_dir`) and return that
+    directory. ``target_dir`` defaults to the embedded model in ``dtype``.
+
+    Raises
+    ------
+    ValueError
+        For a ``dtype`` outside :data:`ALLOWED_DTYPES`; and what ``assemble`` raises.
+    """
     if dtype not in ALLOWED_DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported; allowed: {', '.join(ALLOWED_DTYPES)}")
-    spec = read_draft_spec(draft_dir)
     base = Path(root) if root is not None else cache_dir()
     tdir = Path(target_dir) if target_dir is not None else None
 
     def build(tmp: Path) -> None:
-        shutil.rmtree(tmp)  # assemble_draft creates its output directory itself
-        assemble_draft(draft_dir, tdir or default_model_path(dtype, root=root), tmp, dtype)
-        _write_manifest(tmp, dtype, spec.name)
+        shutil.rmtree(tmp)  # the assembler creates its output directory itself
+        assemble(stored, tdir or default_model_path(dtype, root=root), tmp, dtype)
+        _write_manifest(tmp, dtype, name)
 
-    target = base / f"draft-{spec.name}-{spec.weights_sha256[:12]}-{dtype}"
-    return build_cached_dir(target, dtype, build, what="draft")
+    target = base / f"{prefix}-{name}-{weights_sha256[:12]}-{dtype}"
+    return build_cached_dir(target, dtype, build, what=what)
 
 
 def default_draft_path(dtype: str = "bfloat16", *, root: str | Path | None = None) -> Path:

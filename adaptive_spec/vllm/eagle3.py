@@ -30,10 +30,10 @@ from adaptive_spec.vllm.drafts import (
     ALLOWED_DTYPES,
     TOKENIZER_FILES,
     _sha256_file,
-    _write_manifest,
+    assemble_into_cache,
+    shipped_dir,
     tensor_sha256,
 )
-from adaptive_spec.vllm.models import build_cached_dir, cache_dir, default_model_path
 
 HEADS_DIR = PACKAGE_DATA / "heads"
 DEFAULT_HEAD = "smollm2-135m-instruct-eagle3"
@@ -332,17 +332,7 @@ def shipped_head_dir(name: str = DEFAULT_HEAD) -> Path:
     FileNotFoundError
         If no such head is shipped; the message lists those that are.
     """
-    d = HEADS_DIR / name
-    if not (d / SPEC_FILE).is_file():
-        have = (
-            sorted(p.name for p in HEADS_DIR.iterdir() if (p / SPEC_FILE).is_file())
-            if HEADS_DIR.is_dir()
-            else []
-        )
-        raise FileNotFoundError(
-            f"head {name!r} is not shipped in {HEADS_DIR}; available: {', '.join(have) or 'none'}"
-        )
-    return d
+    return shipped_dir(HEADS_DIR, name, "head", SPEC_FILE)
 
 
 def assemble_cached_head(
@@ -361,19 +351,11 @@ def assemble_cached_head(
     ValueError, FileNotFoundError
         As :func:`assemble_head`.
     """
-    if dtype not in ALLOWED_DTYPES:
-        raise ValueError(f"dtype={dtype!r} is not supported; allowed: {', '.join(ALLOWED_DTYPES)}")
     spec = read_head_spec(head_dir)
-    base = Path(root) if root is not None else cache_dir()
-    tdir = Path(target_dir) if target_dir is not None else None
-
-    def build(tmp: Path) -> None:
-        shutil.rmtree(tmp)  # assemble_head creates its output directory itself
-        assemble_head(head_dir, tdir or default_model_path(dtype, root=root), tmp, dtype)
-        _write_manifest(tmp, dtype, spec.name)
-
-    target = base / f"head-{spec.name}-{spec.weights_sha256[:12]}-{dtype}"
-    return build_cached_dir(target, dtype, build, what="EAGLE-3 head")
+    return assemble_into_cache(
+        head_dir, spec.name, spec.weights_sha256, dtype, assemble_head,
+        prefix="head", what="EAGLE-3 head", target_dir=target_dir, root=root,
+    )  # fmt: skip
 
 
 def default_head_path(dtype: str = "bfloat16", *, root: str | Path | None = None) -> Path:
