@@ -22,7 +22,7 @@ The simulated clock holds no controller time, for any policy: the driver runs wi
 adaptive controller charges no controller time to the safety rule's baseline
 (:mod:`adaptive_spec.core.controller_cost`). The controller times the trace recorded are not used
 (they are the recording run's policy's, on its machine); the replay's own are measured
-(``policy_time_s``) and written to the trace it writes, if any.
+(``policy_time_s``, and the driver's observation in the trace it writes, if any).
 
 With ``drafter_pass_s = (plain, adapted)``, the run models an engine built with a draft model: its
 pass runs every step whatever is played, costing ``adapted`` seconds when the policy wanted LoRA

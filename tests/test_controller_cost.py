@@ -119,6 +119,45 @@ def test_a_slower_decision_makes_the_baseline_counterfactual_faster_by_the_diffe
     assert runs["none"][2].stats()["controller_time"]["steps"] == 0
 
 
+def test_the_controller_s_own_time_spends_the_safety_rule_s_allowance():
+    """The controller's own time beyond a static arm's, charged to the baseline, is paid whichever
+    decision is played, so it spends the slack: once it is gone, a deviation is played only where
+    its bounds make it at least as good as the baseline's decision on the step."""
+
+    def run(baseline, accept, policy_s):
+        ctrl = _controller(alpha=0.02, baseline=baseline)
+        arms = _run(ctrl, 200, controller_s=0.02, policy_s=policy_s, accept=accept)
+        return np.mean([a.k for a in arms[-400:]]), ctrl.guard
+
+    # Baseline none, drafts that nearly double goodput: 5 ms of own time per step (13 %) is seen
+    # (the ratio to the baseline drops) but does not lock the controller into the baseline.
+    k_free, free = run("none", 0.7, 0.0)
+    k_costly, costly = run("none", 0.7, 0.005)
+    assert k_free > 3.5 and k_costly > 3.5
+    assert costly.ratio() < free.ratio() - 0.1
+    # Baseline static:ngram:2, whose k = 4 gains a few per cent: 1 ms of own time per step (2 %)
+    # spends the allowance, and the gain is within the bounds: the baseline's k = 2 is played.
+    k_free, free = run("static:ngram:2", 0.7, 0.0)
+    k_costly, costly = run("static:ngram:2", 0.7, 0.001)
+    assert k_free > 3.5 and k_costly == pytest.approx(2.0)
+    assert costly.refusals > 100 > free.refusals
+    assert costly.ratio() < 1.0 < free.ratio()
+
+
+def test_guard_plays_a_deviation_no_worse_than_a_baseline_that_loses_slack_too():
+    from adaptive_spec.core.safety import ConservativeGuard
+
+    g = ConservativeGuard(0.1)
+    g.add_step(10, 1.0)
+    g.add_resolved(10, 0.5, 10, 1.0)  # the baseline's time charged half of the run's: G_b = 20
+    assert g.slack(99.0) == pytest.approx(-8.0)  # 10 - 0.9 * 20 * 1
+    # the baseline's decision would change the slack by 5 - 0.9 * 20 * 0.5 = -4
+    assert not g.allows(5, 0.5, 99.0)  # -8 + 5 - 9 < 0
+    assert g.allows(5, 0.5, 99.0, (5.0, 0.5))  # -4 is no worse than the baseline's -4
+    assert not g.allows(4, 0.5, 99.0, (5.0, 0.5))  # -5 is
+    assert not g.allows(1, 0.5, 99.0, (10.0, 0.5))  # the baseline's decision gains slack: old rule
+
+
 def test_charge_is_the_adaptive_only_time_less_a_static_decision():
     clock = FakeClock()
     cost = ControllerCost(baseline_rule("static:ngram:2", ["ngram", "suffix"], K), K, clock=clock)

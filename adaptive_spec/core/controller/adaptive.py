@@ -297,7 +297,7 @@ class AdaptiveController(SpecPolicy):
                 tb_pred = self.cost.at(B, Vb, sampled) + c_draft
             lcb = max(float(N), e_ctrl - 2.0 * math.sqrt(var_ctrl))
             ucb_t = t_pred * math.exp(2.0 * self.cost.abs_log_residual)
-            if not self.guard.allows(lcb, ucb_t, e_base / max(tb_pred, 1e-9)):
+            if not self.guard.allows(lcb, ucb_t, e_base / max(tb_pred, 1e-9), (e_base, tb_pred)):
                 bi[:N, buf.c_ks] = bi[:N, buf.c_kb]
                 bi[:N, buf.c_played] = bp
                 played_base, V = True, Vb
