@@ -119,6 +119,8 @@ class ControllerCost:
         """The static policy's decision at ``batch_size`` (s): its bucket's average, else the nearest
         timed bucket's (0 before any)."""
         b = _bucket(batch_size)
+        if self.timed[b]:
+            return self.decide_s[b]
         timed = [i for i in range(N_BUCKETS) if self.timed[i]]
         if not timed:
             return 0.0
@@ -132,9 +134,10 @@ class ControllerCost:
         ctrl = min(_seconds(outcome.controller_time_s), _seconds(outcome.step_time_s))
         if ctrl == 0.0:
             return 0.0
-        own = _seconds(outcome.policy_time_s) + sum(
-            _seconds(s) for p, s in outcome.proposer_time_s.items() if p != self.proposer
-        )
+        own = _seconds(outcome.policy_time_s)
+        for p, s in outcome.proposer_time_s.items():
+            if p != self.proposer:
+                own += _seconds(s)
         static = max(ctrl - own + self.static_decide_s(batch_size), 0.0)
         self.controller_s += ctrl
         self.static_s += static
