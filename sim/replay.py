@@ -17,6 +17,13 @@ metrics, trace rows), so a policy behaves here as it does in vLLM. Per simulated
 5. call ``policy.observe`` with a :class:`~adaptive_spec.core.controller.StepOutcome` (emitted token ids = the
    true next tokens) and ``policy.release`` for finished requests.
 
+The simulated clock holds no controller time, for any policy: the driver runs with
+``controller_in_step_time=False``, so every outcome carries ``controller_time_s = 0`` and the
+adaptive controller charges no controller time to the safety rule's baseline
+(:mod:`adaptive_spec.core.controller_cost`). The controller times the trace recorded are not used
+(they are the recording run's policy's, on its machine); the replay's own are measured
+(``policy_time_s``, and the driver's observation in the trace it writes, if any).
+
 With ``drafter_pass_s = (plain, adapted)``, the run models an engine built with a draft model: its
 pass runs every step whatever is played, costing ``adapted`` seconds when the policy wanted LoRA
 adapters applied (:meth:`~adaptive_spec.core.protocol.SpecPolicy.drafter_adapters_wanted` after the
@@ -224,6 +231,7 @@ def replay(
         external=props,
         tracer=writer,
         metrics=res.metrics,
+        controller_in_step_time=False,
     )
     clock = 0.0
     times: list[float] = []

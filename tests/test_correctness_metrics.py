@@ -133,6 +133,11 @@ def test_metrics_from_committed_tokens(tiny_llm, tmp_path):
     for out, st in zip(policy.log.outcomes, trace.steps, strict=True):
         assert out.num_verified_tokens == st["num_verified_tokens"]
         assert out.num_verified_tokens == sum(o.drafted for o in out.requests)
+    # The controller's own time inside each step reaches the policy, with its parts (the adaptive
+    # controller charges the baseline's counterfactual a static arm's instead).
+    assert all(0 < o.controller_time_s < math.inf for o in policy.log.outcomes)
+    assert any(set(o.proposer_time_s) == {"ngram", "jacobi"} for o in policy.log.outcomes)
+    assert any(o.policy_time_s > 0 for o in policy.log.outcomes)
 
 
 @pytest.mark.vllm

@@ -126,6 +126,11 @@ class StepDriver:
         replay also logged ``jacobi``).
     tracer : TraceWriter, optional
     metrics : SpecMetrics, optional
+    controller_in_step_time : bool
+        Whether the adapter's ``step_time_s`` contains the controller's time (the engine's measured
+        steps do; replay's simulated clock does not). Without it every
+        :class:`~adaptive_spec.core.protocol.StepOutcome` carries ``controller_time_s = 0``, and the
+        policy charges no controller time to any step.
     """
 
     def __init__(
@@ -138,6 +143,7 @@ class StepDriver:
         external: Sequence[str] = (),
         tracer: TraceWriter | None = None,
         metrics: SpecMetrics | None = None,
+        controller_in_step_time: bool = True,
     ) -> None:
         self.policy = policy
         # Shared, not copied: the adapter's mapping is the one proposers are looked up in.
@@ -166,6 +172,14 @@ class StepDriver:
         self.record_all_argmax = (
             False  # target argmax for every drafted request (trace diagnostics)
         )
+        # The controller's time, measured here (seconds; StepOutcome's controller fields): the last
+        # decision's policy.decide and each proposer's drafting, the last policy.observe, and the
+        # last observe of the driver as a whole.
+        self.controller_in_step_time = bool(controller_in_step_time)
+        self._decide_s = 0.0
+        self._proposer_s: dict[str, float] = {}
+        self._policy_observe_s = 0.0
+        self._observe_s = 0.0
 
     # -- requests -----------------------------------------------------------------------------------
     def has_request(self, req_id: str) -> bool:
@@ -245,6 +259,7 @@ class StepDriver:
         raises (the adapter falls back to the engine's own behaviour for that step)."""
         K = self.max_k
         live = [r for r in live if r.req_id in self._tokens]
+        self._decide_s, self._proposer_s = 0.0, {}
         self._chosen.clear()
         self._argmax_wanted.clear()
         self._any_argmax = False
@@ -273,6 +288,7 @@ class StepDriver:
                 )
             ks = [K] * len(preqs)
             for name, prop in self.proposers.items():
+                t0 = time.perf_counter()
                 if name == "jacobi" and not getattr(self.policy, "wants_jacobi_guess", True):
                     # Jacobi drafts from a recorded verification; its initial guess (noise, but what
                     # starts Jacobi decoding) only where the policy asks for it.
@@ -287,12 +303,13 @@ class StepDriver:
                     for i, d in zip(idx, out, strict=True):
                         views[i].drafts[name] = d
                         views[i].match_lengths[name] = len(d)
-                    continue
-                out = prop.propose(preqs, ks)
-                for v, pr, d in zip(views, preqs, out, strict=True):
-                    v.drafts[name] = d
-                    if len(d):
-                        v.match_lengths[name] = controller_feature(prop, pr)
+                else:
+                    out = prop.propose(preqs, ks)
+                    for v, pr, d in zip(views, preqs, out, strict=True):
+                        v.drafts[name] = d
+                        if len(d):
+                            v.match_lengths[name] = controller_feature(prop, pr)
+                self._proposer_s[name] = time.perf_counter() - t0
         if external_drafts:
             for name, by_req in external_drafts.items():
                 feats = (external_match or {}).get(name, {})
@@ -302,7 +319,9 @@ class StepDriver:
                         v.drafts[name] = np.asarray(d[:K], dtype=np.int64)
                         if len(d):
                             v.match_lengths[name] = int(feats.get(v.req_id, 0))
+        t0 = time.perf_counter()
         decision = self.policy.decide(StepView(views, batch_size=batch_size, queue_len=queue_len))
+        self._decide_s = time.perf_counter() - t0
         if len(decision.arms) != len(views):
             raise ValueError(
                 f"policy {self.policy.name!r} returned {len(decision.arms)} arms for {len(views)} requests"
@@ -385,7 +404,10 @@ class StepDriver:
 
         ``step_time_s`` is the step's full cost (seconds; the vLLM adapter measures from one
         ``schedule()`` to the next, so the controller pays for itself). ``controller_time_s``: time
-        the adapter spent in hooks for this step, added to the driver's own. ``drafter_time_s``: the
+        the adapter spent in hooks and in the decision for this step, added to the driver's own; the
+        policy's outcome carries it with the driver's previous observation (which in the engine runs
+        inside this step's measured time; see ``controller_in_step_time``), with the time of the
+        policy's own verbs and of each proposer's drafting. ``drafter_time_s``: the
         part of the step a draft model's pass took (s), ``drafter_adapters``: whether it applied a
         LoRA adapter, ``drafter_passes``: its draft passes beyond the KV-cache pass
         (:class:`~adaptive_spec.core.protocol.StepOutcome`). A policy error loses the
@@ -464,16 +486,23 @@ class StepDriver:
             drafter_time_s,
             drafter_adapters,
             drafter_passes,
+            controller_time_s + self._observe_s if self.controller_in_step_time else 0.0,
+            self._decide_s + self._policy_observe_s,
+            self._proposer_s,
         )
+        self._decide_s, self._proposer_s, self._policy_observe_s = 0.0, {}, 0.0
         try:
             if outcomes or valid_time:
+                t1 = time.perf_counter()
                 self.policy.observe(outcome)
+                self._policy_observe_s = time.perf_counter() - t1
         except Exception as e:
             self.fault("observe", e)
         for v in verified:
             if v.finished:
                 self.release(v.req_id)
-        controller_s = controller_time_s + (time.perf_counter() - t0)
+        self._observe_s = time.perf_counter() - t0
+        controller_s = controller_time_s + self._observe_s
         self.metrics.add_step(step_time_s if valid_time else 0.0, controller_s)
         if not valid_time:
             self.metrics.ignored_step_times += 1

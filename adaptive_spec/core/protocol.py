@@ -87,7 +87,15 @@ class StepOutcome:
     ``drafter_time_s`` is the part of ``step_time_s`` that the draft model's pass took (seconds; 0
     elsewhere), ``drafter_adapters`` whether that pass applied a LoRA adapter to some request, and
     ``drafter_passes`` the draft passes it ran beyond the one that keeps its KV cache current (None
-    when not known: the drafter's time is then all treated as fixed)."""
+    when not known: the drafter's time is then all treated as fixed).
+
+    The controller's own time inside ``step_time_s`` (seconds, measured by the step driver,
+    :mod:`adaptive_spec.core.driver`): ``controller_time_s`` all of it (the adapter's hooks and this
+    step's decision, and the driver's previous observation, which in the engine runs inside this
+    step's measured time; 0 when ``step_time_s`` holds no controller time, as in replay's simulated
+    clock), ``policy_time_s`` the part in the policy's own ``decide`` (this step's) and ``observe``
+    (the previous step's), and ``proposer_time_s`` the part each proposer the driver ran took
+    drafting for this step's decision (empty on a rest step)."""
 
     requests: list[RequestOutcome]
     step_time_s: float
@@ -97,6 +105,9 @@ class StepOutcome:
     drafter_time_s: float = 0.0
     drafter_adapters: bool = False
     drafter_passes: int | None = None
+    controller_time_s: float = 0.0
+    policy_time_s: float = 0.0
+    proposer_time_s: dict[str, float] = field(default_factory=dict)
 
 
 class SpecPolicy(ABC):

@@ -20,7 +20,11 @@ afterwards (the longest common prefix of its draft with them, plus the bonus tok
 decoding exactly, under sampling unbiasedly (a one-hot draft token is accepted with the probability
 that the target samples it). :class:`BaselineTracker` resolves these counterfactuals a few steps
 later, once the tokens are known. The baseline's time on a step is the measured time plus the cost
-table's difference between its draft tokens and the played ones.
+table's difference between its draft tokens and the played ones, with a static arm's controller time
+in place of the controller's own (:mod:`adaptive_spec.core.controller_cost`). That own time is paid
+whichever decision is played; where it makes playing the baseline's decision lose slack too, a
+deviation is allowed when its bounds make it no worse than the baseline's decision
+(:meth:`ConservativeGuard.allows`).
 """
 
 from __future__ import annotations
@@ -88,11 +92,27 @@ class ConservativeGuard:
             self.tokens - (1.0 - self.alpha) * self.baseline_goodput(fallback_goodput) * self.time_s
         )
 
-    def allows(self, tokens_lcb: float, time_ucb: float, fallback_goodput: float) -> bool:
+    def allows(
+        self,
+        tokens_lcb: float,
+        time_ucb: float,
+        fallback_goodput: float,
+        baseline_step: tuple[float, float] | None = None,
+    ) -> bool:
         """Whether a deviation with at least ``tokens_lcb`` tokens in at most ``time_ucb`` seconds
-        keeps the constraint."""
+        keeps the constraint.
+
+        ``baseline_step``: the tokens and time (s) expected of the baseline's decision on this step
+        when this controller plays it. Where playing it would lose slack too (the controller's own
+        time beyond a static arm's, charged to the baseline, exceeds what ``alpha`` allows), the
+        constraint cannot be restored by playing it; the deviation is then allowed when its slack
+        change, from the bounds, is no worse than the baseline decision's expected one."""
         g = self.baseline_goodput(fallback_goodput)
-        ok = self.slack(fallback_goodput) + tokens_lcb - (1.0 - self.alpha) * g * time_ucb >= 0.0
+        change = tokens_lcb - (1.0 - self.alpha) * g * time_ucb
+        ok = self.slack(fallback_goodput) + change >= 0.0
+        if not ok and baseline_step is not None:
+            base_change = baseline_step[0] - (1.0 - self.alpha) * g * baseline_step[1]
+            ok = base_change < 0.0 and change >= base_change
         if ok:
             self.deviations += 1
         else:

@@ -20,6 +20,7 @@ from adaptive_spec.core.acceptance import (
 )
 from adaptive_spec.core.arms import NO_SPEC, Arm
 from adaptive_spec.core.baselines import baseline_rule
+from adaptive_spec.core.controller_cost import ControllerCost
 from adaptive_spec.core.cost_model import StepCostModel
 from adaptive_spec.core.cost_table import StepCostTable
 from adaptive_spec.core.drafter_cost import DrafterCost
@@ -154,6 +155,7 @@ class AdaptiveController(SpecPolicy):
         self.guard = ConservativeGuard(alpha)
         self.tracker = BaselineTracker(max_k)
         self.baseline = baseline_rule(baseline, self.proposers, max_k)
+        self.controller_cost = ControllerCost(self.baseline, max_k)  # a static arm's own time
         P = len(self.proposers)
         self._pidx = {p: i for i, p in enumerate(self.proposers)}
         self._match_lut = match_bucket_table(self.proposers)
@@ -263,19 +265,7 @@ class AdaptiveController(SpecPolicy):
         objective = kern.Objective(
             curve_g, curve_s, mix, self.cost.load, self.speculation_premium, margin
         )
-        (
-            v_max,
-            V,
-            lam,
-            Vb,
-            same,
-            e_ctrl,
-            var_ctrl,
-            e_base,
-            t_pred,
-            tb_pred,
-            n_stale,
-        ) = kern.decide_step(
+        res = kern.decide_step(
             kern.Batch(batch.parts, batch.ints, slots),
             self.slots.hist_b,
             tracker.length,
@@ -288,6 +278,8 @@ class AdaptiveController(SpecPolicy):
             bp,
             buf.arrays,
         )
+        v_max, V, lam, Vb, same, e_ctrl, var_ctrl, e_base, t_pred, tb_pred, n_stale = res
+        self.controller_cost.time_static(view)  # a static arm's decision, timed on this view
         bi = buf.ints
         if n_stale:  # a step we did not observe: resynchronise those requests
             stale = tracker.length[slots] != pos
@@ -305,7 +297,7 @@ class AdaptiveController(SpecPolicy):
                 tb_pred = self.cost.at(B, Vb, sampled) + c_draft
             lcb = max(float(N), e_ctrl - 2.0 * math.sqrt(var_ctrl))
             ucb_t = t_pred * math.exp(2.0 * self.cost.abs_log_residual)
-            if not self.guard.allows(lcb, ucb_t, e_base / max(tb_pred, 1e-9)):
+            if not self.guard.allows(lcb, ucb_t, e_base / max(tb_pred, 1e-9), (e_base, tb_pred)):
                 bi[:N, buf.c_ks] = bi[:N, buf.c_kb]
                 bi[:N, buf.c_played] = bp
                 played_base, V = True, Vb
@@ -410,7 +402,7 @@ class AdaptiveController(SpecPolicy):
         # The safety rule compares the decided requests' tokens with the baseline's on them.
         self.guard.add_step(run_tokens, t)
         # The step's time under the baseline: measured, without the adapters' extra drafter time,
-        # + the table's difference.
+        # + the table's difference, with a static arm's controller time instead of this one's.
         base_time = math.nan
         if math.isfinite(t) and t > 0:
             B = pend.batch_size
@@ -420,7 +412,8 @@ class AdaptiveController(SpecPolicy):
             base = self.baseline.proposer
             kb = self.baseline_k(B) if base == "draft" or str(base).startswith("lora:") else 0
             passes = passes_not_in_baseline(outcome.drafter_time_s, outcome.drafter_passes, kb)
-            base_time = max(t - extra - passes + dt, 1e-9)
+            charge = self.controller_cost.charge(outcome, B)
+            base_time = max(t - extra - passes + dt - charge, 1e-9)
         # One compiled call: the decision's baseline drafts registered; acceptance labels and
         # histories; every row's committed tokens to the safety tracker (a draft registered on an
         # earlier step is resolved by the tokens committed after it, whatever the request played
@@ -544,6 +537,7 @@ class AdaptiveController(SpecPolicy):
             "load_factor": round(self.cost.load, 4),
             "cost_table": self.cost.table.source,
             "rest_steps": self.rest_steps,
+            "controller_time": self.controller_cost.as_dict(),
             **({"drafter": self.drafter.as_dict()} if self.drafter.n_plain else {}),
             "speculation_overhead_ms": {
                 str(b): round(1e3 * self.cost.load * self.cost.table.speculation_overhead(b), 3)
