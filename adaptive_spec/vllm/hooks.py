@@ -189,11 +189,7 @@ class StepHooks:
         orig_post = core.post_step
         orig_rs = getattr(rs, "forward", None)
         self._orig_update_drafts = orig_update_drafts = sched.update_draft_token_ids
-        from adaptive_spec.vllm.sampling import (
-            sample_without_drafts,
-            verify_greedy,
-            verify_sampled,
-        )
+        from adaptive_spec.vllm.sampling import verify_with_shortcuts
 
         # EAGLE heads only: a draft model's proposals were seen to change after steps with fewer passes
         # (tests/test_correctness_draft.py), so a draft model keeps vLLM's full passes.
@@ -276,37 +272,12 @@ class StepHooks:
             # own dtype, no float32 copies; a sampled step with deterministic drafts: one
             # exponential per entry of the target rows, a sample only of the rows that emit
             # (adaptive_spec.vllm.sampling). Each returns None where it does not apply.
-            synthetic = bool(getattr(rs, "synthetic_mode", False))
-            shortcuts = (
-                (
-                    "sampler without drafts",
-                    "plain_sampler_steps",
-                    lambda: sample_without_drafts(rs.sampler, metadata, logits, sampling_metadata),
-                ),
-                (
-                    "greedy verification",
-                    "greedy_verify_steps",
-                    lambda: verify_greedy(
-                        metadata, logits, sampling_metadata, synthetic_mode=synthetic
-                    ),
-                ),
-                (
-                    "sampled verification",
-                    "sampled_verify_steps",
-                    lambda: verify_sampled(
-                        metadata, draft_probs, logits, sampling_metadata, synthetic_mode=synthetic
-                    ),
-                ),
+            out, counter = verify_with_shortcuts(
+                rs, metadata, draft_probs, logits, sampling_metadata, driver.fault
             )
-            for where, counter, shortcut in shortcuts:
-                try:
-                    out = shortcut()
-                except Exception as e:
-                    driver.fault(where, e)
-                    out = None
-                if out is not None:
-                    setattr(self, counter, getattr(self, counter) + 1)
-                    return out
+            if counter is not None:
+                setattr(self, counter, getattr(self, counter) + 1)
+                return out
             return orig_rs(metadata, draft_probs, logits, sampling_metadata)
 
         if self.runner is None:

@@ -59,7 +59,7 @@ placeholders); ``tests/test_lossless_draft_probs.py`` the guard. ``docs/correctn
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -348,6 +348,56 @@ def verify_greedy(
     rows = torch.nonzero(full).squeeze(1)
     out[rows, counts[rows]] = bonus[rows].to(torch.int32)
     return SamplerOutput(sampled_token_ids=out, logprobs_tensors=None)
+
+
+def verify_with_shortcuts(
+    rejection_sampler: Any,
+    metadata: Any,
+    draft_probs: Any,
+    logits: torch.Tensor,
+    sampling_metadata: Any,
+    on_fault: Callable[[str, Exception], None],
+) -> tuple[Any, str | None]:
+    """The first exact shortcut of vLLM's rejection sampler that applies to this step: a step without
+    draft tokens samples its bonus rows alone (:func:`sample_without_drafts`); a greedy step with
+    untouched logits takes one argmax over every row (:func:`verify_greedy`); a sampled step with
+    deterministic drafts, one exponential per entry of the target rows (:func:`verify_sampled`).
+
+    Returns ``(output, counter)``: the sampler output and the name of the statistics counter of the
+    shortcut taken (``plain_sampler_steps``, ``greedy_verify_steps``, ``sampled_verify_steps``), or
+    ``(None, None)`` when none applies and vLLM's own sampler must run. A shortcut that raises is
+    reported to ``on_fault(where, error)`` and the next one is tried."""
+    synthetic = bool(getattr(rejection_sampler, "synthetic_mode", False))
+    shortcuts: tuple[tuple[str, str, Callable[[], Any]], ...] = (
+        (
+            "sampler without drafts",
+            "plain_sampler_steps",
+            lambda: sample_without_drafts(
+                rejection_sampler.sampler, metadata, logits, sampling_metadata
+            ),
+        ),
+        (
+            "greedy verification",
+            "greedy_verify_steps",
+            lambda: verify_greedy(metadata, logits, sampling_metadata, synthetic_mode=synthetic),
+        ),
+        (
+            "sampled verification",
+            "sampled_verify_steps",
+            lambda: verify_sampled(
+                metadata, draft_probs, logits, sampling_metadata, synthetic_mode=synthetic
+            ),
+        ),
+    )
+    for where, counter, shortcut in shortcuts:
+        try:
+            out = shortcut()
+        except Exception as e:
+            on_fault(where, e)
+            out = None
+        if out is not None:
+            return out, counter
+    return None, None
 
 
 def recovered_tokens(

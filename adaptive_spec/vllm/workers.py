@@ -121,7 +121,7 @@ class _WorkerHooks:
 
     def install(self) -> None:
         from adaptive_spec.vllm.checks import DRAFT_METHODS
-        from adaptive_spec.vllm.sampling import sample_without_drafts, verify_greedy, verify_sampled
+        from adaptive_spec.vllm.sampling import verify_with_shortcuts
 
         worker, runner, patches = self.worker, self.runner, self.patches
         rs = runner.rejection_sampler
@@ -142,37 +142,12 @@ class _WorkerHooks:
                 self._record_argmax(metadata, logits)
             except Exception as e:
                 self.fault("target argmax", e)
-            synthetic = bool(getattr(rs, "synthetic_mode", False))
-            shortcuts: tuple[tuple[str, str, Callable[[], Any]], ...] = (
-                (
-                    "sampler without drafts",
-                    "plain_sampler_steps",
-                    lambda: sample_without_drafts(rs.sampler, metadata, logits, sampling_metadata),
-                ),
-                (
-                    "greedy verification",
-                    "greedy_verify_steps",
-                    lambda: verify_greedy(
-                        metadata, logits, sampling_metadata, synthetic_mode=synthetic
-                    ),
-                ),
-                (
-                    "sampled verification",
-                    "sampled_verify_steps",
-                    lambda: verify_sampled(
-                        metadata, draft_probs, logits, sampling_metadata, synthetic_mode=synthetic
-                    ),
-                ),
+            out, counter = verify_with_shortcuts(
+                rs, metadata, draft_probs, logits, sampling_metadata, self.fault
             )
-            for where, counter, shortcut in shortcuts:
-                try:
-                    out = shortcut()
-                except Exception as e:
-                    self.fault(where, e)
-                    out = None
-                if out is not None:
-                    self.counts[counter] += 1
-                    return out
+            if counter is not None:
+                self.counts[counter] += 1
+                return out
             return orig_rs(metadata, draft_probs, logits, sampling_metadata)
 
         patches.set(worker, "execute_model", execute_model)
