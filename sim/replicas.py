@@ -24,7 +24,9 @@ share, and measures the learned acceptance of each against the single server's a
 the error is the mean absolute difference of the learned acceptance over proposers and positions,
 weighted by the single server's judged positions there (:func:`acceptance_error`); a configuration
 *reaches* a tolerance after ``n`` requests per replica when, from ``n`` on, every replica's error is
-within it (:func:`reach`). The learned acceptance compared is per proposer and position: each
+within it (:func:`reach`). One server over the same requests in the reverse order gives the error
+that the order of the requests alone makes (the *order floor*): a tolerance below it asks for more
+than the trace can tell. The learned acceptance compared is per proposer and position: each
 proposer's posterior means averaged over the context cells with the single server's judged positions
 (:func:`per_position`); the context cells themselves are too sparse on a trace of tens of requests
 for a cell-by-cell comparison to say more than which cells each run happened to visit.
@@ -32,6 +34,7 @@ for a cell-by-cell comparison to say more than which cells each run happened to 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import tempfile
@@ -73,6 +76,17 @@ def split_round_robin(requests: Sequence[ReplayRequest], n: int) -> list[list[Re
     for j, i in enumerate(order):
         shares[j % n].append(requests[i])
     return shares
+
+
+def reverse_order(requests: Sequence[ReplayRequest]) -> list[ReplayRequest]:
+    """The same requests arriving in the reverse order (copies; arrival times mirrored, ``t`` ->
+    ``max - t``, so that the last to arrive comes first)."""
+    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
+    last = max((r.arrival_s for r in requests), default=0.0)
+    return [
+        dataclasses.replace(requests[i], arrival_s=last - requests[i].arrival_s)
+        for i in reversed(order)
+    ]
 
 
 def _state(policy: SpecPolicy) -> dict[str, Any]:
@@ -360,6 +374,10 @@ class ReplicaStudy:
     Attributes
     ----------
     single, shared, alone : ReplicasRun
+    reverse : ReplicasRun
+        One server over the same requests in the reverse order: its error at the end
+        (:attr:`order_floor`) is how much the end state depends on the order of the requests alone,
+        below which a tolerance asks more than the data can tell.
     cell_weights : numpy.ndarray
         The single server's judged positions per cell and position, float64 [cells, max_k].
     reference : numpy.ndarray
@@ -375,6 +393,7 @@ class ReplicaStudy:
     single: ReplicasRun
     shared: ReplicasRun
     alone: ReplicasRun
+    reverse: ReplicasRun
     cell_weights: np.ndarray
     reference: np.ndarray
     weights: np.ndarray
@@ -387,7 +406,13 @@ class ReplicaStudy:
             "1 server": self.single,
             f"{n} replicas sharing": self.shared,
             f"{n} replicas alone": self.alone,
+            "1 server, reverse order": self.reverse,
         }
+
+    @property
+    def order_floor(self) -> float:
+        """The error of one server over the same requests in the reverse order, at the end."""
+        return self.error(self.reverse.tables[0][-1])
 
     def learned(self, table: np.ndarray) -> np.ndarray:
         """Per proposer and position, the learned acceptance of a posterior-mean table."""
@@ -413,6 +438,20 @@ class ReplicaStudy:
         per = [reach(e, self.tolerance) for e in self.errors(run)]
         return None if any(r is None for r in per) else max(r for r in per if r is not None)
 
+    def gap(self, run: ReplicasRun) -> float:
+        """How far the replicas trail the single server at the same total of requests: the mean, over
+        ``n = 1 .. m`` requests per replica (``m``: the smallest share), of the worst replica's error
+        after ``n`` minus the single server's after ``N * n`` (``N`` replicas). About 0: the replicas
+        together learn as fast as one server over all requests, i.e. in ``1/N`` of the requests
+        each; positive: slower (replicas that do not share trail by their missing requests)."""
+        w = self.worst(run)
+        single = self.errors(self.single)[0]
+        n = np.arange(1, len(w))
+        if not n.size:
+            return 0.0
+        at = np.minimum(run.n_replicas * n, len(single) - 1)
+        return float(np.mean(w[1:] - single[at]))
+
     def final_learned(self, run: ReplicasRun) -> np.ndarray:
         """Per proposer and position, the replicas' mean learned acceptance at the end."""
         return np.mean([self.learned(t[-1]) for t in run.tables], axis=0)
@@ -420,6 +459,7 @@ class ReplicaStudy:
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "tolerance": self.tolerance,
+            "order_floor": round(self.order_floor, 5),
             "proposers": self.proposers,
             "reference_learned": _rounded(self.reference),
             "reference_judged_positions": self.weights.astype(int).tolist(),
@@ -432,6 +472,7 @@ class ReplicaStudy:
                 "sharing": run.sharing,
                 "requests_per_replica": [len(t) - 1 for t in run.tables],
                 "reach_requests_per_replica": self.reach(run),
+                "gap_to_single_at_same_total": round(self.gap(run), 5),
                 "final_error": [round(float(e[-1]), 5) for e in errs],
                 "error_by_requests": [[round(float(x), 5) for x in e] for e in errs],
                 "learned": _rounded(self.final_learned(run)),
@@ -463,8 +504,9 @@ def replica_study(
 ) -> ReplicaStudy:
     """Replay one server over ``requests``, then ``n_replicas`` replicas sharing a state file and
     ``n_replicas`` that do not (:func:`run_replicas`; replica ``i``'s policy is ``make_policy(i)``, the
-    single server's ``make_policy(0)``), and compare their learned acceptance with the single
-    server's at the end.
+    single server's ``make_policy(0)``), and one server over the requests in the reverse order
+    (:func:`reverse_order`), and compare their learned acceptance with the single server's at the
+    end.
 
     Raises
     ------
@@ -479,6 +521,9 @@ def replica_study(
     single = run_replicas(requests, make_policy, profile, n_replicas=1, share=False, **kw)
     shared = run_replicas(requests, make_policy, profile, n_replicas=n_replicas, share=True, **kw)
     alone = run_replicas(requests, make_policy, profile, n_replicas=n_replicas, share=False, **kw)
+    rev = run_replicas(
+        reverse_order(requests), make_policy, profile, n_replicas=1, share=False, **kw
+    )
     proposers_ = list(_acceptance(single.policies[0]).proposers)
     cell_w = single.observed_trials[0]
     P, k = len(proposers_), cell_w.shape[-1]
@@ -486,6 +531,7 @@ def replica_study(
         single=single,
         shared=shared,
         alone=alone,
+        reverse=rev,
         cell_weights=cell_w,
         reference=per_position(single.tables[0][-1], cell_w, P),
         weights=cell_w.reshape(P, -1, k).sum(axis=1),

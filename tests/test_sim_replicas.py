@@ -14,6 +14,7 @@ from adaptive_spec.sim.replay import replay
 from adaptive_spec.sim.replicas import (
     reach,
     replica_study,
+    reverse_order,
     run_replicas,
     split_round_robin,
 )
@@ -128,18 +129,37 @@ def test_sharing_reaches_the_single_servers_acceptance_sooner_than_alone() -> No
         sync_every=1,
         proposers=PROPS,
     )
-    single, shared, alone = (study.reach(r) for r in study.runs().values())
+    single, shared, alone = (study.reach(r) for r in (study.single, study.shared, study.alone))
     assert single is not None and shared is not None
     assert shared < single
     assert alone is None or shared < alone
     assert study.errors(study.single)[0][-1] == 0.0  # the reference is the single server's end
+    # Learning curves: sharing replicas trail the single server at the same total of requests by
+    # less than lone replicas do.
+    assert study.gap(study.single) == 0.0
+    assert study.gap(study.shared) < study.gap(study.alone)
     # Sharing replicas end closer to the single server than lone ones.
     assert max(e[-1] for e in study.errors(study.shared)) < max(
         e[-1] for e in study.errors(study.alone)
     )
     d = study.as_dict()
-    assert set(d["configurations"]) == {"1 server", "2 replicas sharing", "2 replicas alone"}
+    assert set(d["configurations"]) == {
+        "1 server",
+        "2 replicas sharing",
+        "2 replicas alone",
+        "1 server, reverse order",
+    }
+    assert 0 < study.order_floor < 0.1  # the same requests in another order end elsewhere
     assert d["configurations"]["2 replicas sharing"]["requests_per_replica"] == [8, 8]
+
+
+def test_reverse_order_mirrors_arrivals() -> None:
+    reqs = _requests(3, 8)
+    for r, t in zip(reqs, (0.0, 1.0, 5.0), strict=True):
+        r.arrival_s = t
+    rev = reverse_order(reqs)
+    assert [(r.req_id, r.arrival_s) for r in rev] == [("s2", 0.0), ("s1", 4.0), ("s0", 5.0)]
+    assert reqs[0].arrival_s == 0.0  # copies
 
 
 def test_reach_is_the_first_count_from_which_the_error_stays_within() -> None:
@@ -151,7 +171,9 @@ def test_reach_is_the_first_count_from_which_the_error_stays_within() -> None:
 @pytest.fixture(scope="module")
 def syn_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     trace = tmp_path_factory.mktemp("replicas") / "syn.jsonl"
-    assert cli_main(["record", "--synthetic", "code-chat", "--out", str(trace), "--max-k", "4"]) == 0
+    assert (
+        cli_main(["record", "--synthetic", "code-chat", "--out", str(trace), "--max-k", "4"]) == 0
+    )
     return trace
 
 

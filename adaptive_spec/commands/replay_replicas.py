@@ -68,7 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a configuration reaches the single server's learned acceptance after n requests per "
         "replica when every replica's error (mean absolute difference over proposers and positions, "
         "weighted by the single server's judged draft positions) stays <= T from n on (a number in "
-        f"(0, 1); default {DEFAULT_TOLERANCE})",
+        f"(0, 1); default {DEFAULT_TOLERANCE}). The output also shows the order floor: how far "
+        "one server over the same requests in the reverse order ends from it; a T below that asks "
+        "more than the trace can tell",
     )
 
 
@@ -318,6 +320,7 @@ def print_study(
         "requests each",
         f"reach (err <= {tol:g})",
         "vs 1 server",
+        "gap at N·n",
         "final error",
         "merges / pulls",
         "acc. rate",
@@ -339,6 +342,7 @@ def print_study(
             else str(len(run.tables[0]) - 1),
             "not reached" if r is None else str(r),
             ratio,
+            f"{study.gap(run):+.3f}",
             " / ".join(f"{e:.3f}" for e in finals),
             f"{sum(run.syncs)} / {sum(run.pulls)}" if run.sharing else "-",
             f"{run.acceptance_rate:.3f}",
@@ -348,6 +352,12 @@ def print_study(
     goal = math.ceil(single_reach / n) if single_reach is not None else None
     if single_reach is None:  # (the single server's final error is 0: not expected)
         verdict = "not decided: the single server itself does not stay within the tolerance"
+    elif single_reach == 0:
+        verdict = (
+            "not decided: the single server starts within the tolerance (its prior already is "
+            "that close to what it learns), so there is nothing to reach; pass a smaller "
+            "--tolerance or --no-prior"
+        )
     elif shared_reach is None:
         verdict = (
             f"goal not met: the {n} sharing replicas do not stay within the tolerance by the end of "
@@ -359,12 +369,27 @@ def print_study(
             f"after {single_reach}: goal (<= ceil({single_reach}/{n}) = {goal}) "
             + ("met" if shared_reach <= goal else "not met")
         )
+    verdict += (
+        f"\nlearning curves: the {n} sharing replicas' error after n requests each is "
+        f"{study.gap(study.shared):+.3f} on average from the single server's after {n}·n "
+        f"(replicas alone: {study.gap(study.alone):+.3f})"
+    )
+    floor = study.order_floor
+    if tol < floor:
+        verdict += (
+            f"\n(the tolerance is below the order floor {floor:.3f}: one server over the same "
+            "requests in the reverse order ends that far from the single server; a --tolerance "
+            "at or above it asks only what the trace can tell)"
+        )
     t.caption = (
         "error: mean absolute difference, over proposers and positions weighted by the single "
         "server's judged draft positions, between a replica's learned acceptance (posterior means "
         "averaged over context cells) and the single server's after all requests; reach: requests "
-        "per replica after which every replica stays within the tolerance. Round-robin split by "
-        f"arrival; tokens/s: all replicas' tokens over the simulated time until the last finished.\n"
+        "per replica after which every replica stays within the tolerance; gap at N·n: the worst "
+        "replica's error after n requests minus the single server's after N·n (N replicas), averaged "
+        "over n (about 0: as fast as one server in total requests). Round-robin split by "
+        f"arrival; tokens/s: all replicas' tokens over the simulated time until the last finished. "
+        f"Order floor (the reverse-order server's final error): {floor:.3f}.\n"
         f"verdict: {verdict}"
     )
     console.print(t)
