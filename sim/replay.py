@@ -198,50 +198,111 @@ def replay(
         For bad parameters, duplicate request ids, or a decision with the wrong number of arms or an
         arm whose proposer is not offered.
     """
-    if not isinstance(max_batch, int) or max_batch < 1:
-        raise ValueError(f"max_batch={max_batch!r} is invalid; allowed: an integer >= 1")
-    if not (math.isfinite(step_time_noise) and step_time_noise >= 0):
-        raise ValueError(
-            f"step_time_noise={step_time_noise!r} is invalid; allowed: a finite number >= 0"
-        )
-    if drafter_pass_s is not None and not (
-        len(drafter_pass_s) == 2 and all(math.isfinite(x) and x >= 0 for x in drafter_pass_s)
-    ):
-        raise ValueError(
-            f"drafter_pass_s={drafter_pass_s!r} is invalid; allowed: None or (plain, adapted) "
-            "seconds, both finite and >= 0"
-        )
-    _check_requests(requests)
-    props = list(policy.proposers if proposers is None else proposers)
-    props = [p for p in props if p != "none"]
-    has_adapted = any(p.startswith("lora:") for p in props)
-    adapted_pass = False  # whether the previous step's drafter pass applied adapters
-    max_k = int(policy.max_k)
-    rng = np.random.default_rng(seed)
-    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
-    queue = deque(requests[i] for i in order)
-    running: list[_Live] = []
-    res = ReplayResult(policy=getattr(policy, "name", type(policy).__name__))
-    # The same step code as the engine: drafts come from the requests' tables (external proposers).
-    driver = StepDriver(
+    run = ReplayRun(
+        requests,
         policy,
-        {},
-        max_k=max_k,
-        vocab_size=1 << 31,
-        external=props,
-        tracer=writer,
-        metrics=res.metrics,
-        controller_in_step_time=False,
+        profile,
+        max_batch=max_batch,
+        proposers=proposers,
+        step_time_noise=step_time_noise,
+        seed=seed,
+        writer=writer,
+        drafter_pass_s=drafter_pass_s,
     )
-    clock = 0.0
-    times: list[float] = []
-    toks: list[int] = []
-    sigma = float(step_time_noise)
-    while queue or running:
-        if not running and queue and queue[0].arrival_s > clock:
-            clock = queue[0].arrival_s  # idle until the next arrival
+    while not run.done:
+        run.step()
+    return run.result()
+
+
+class ReplayRun:
+    """One replay advanced a simulated step at a time (what :func:`replay` runs to the end; several
+    runs advanced side by side model data-parallel replicas, :mod:`adaptive_spec.sim.replicas`).
+
+    The parameters are :func:`replay`'s. Between two :meth:`step` calls the caller may read or change
+    the policy's learned state (as the engine's runtime does between engine steps).
+
+    Attributes
+    ----------
+    clock : float
+        Simulated time (seconds) at which the next step starts.
+    finished : int
+        Requests completed so far.
+    """
+
+    def __init__(
+        self,
+        requests: list[ReplayRequest],
+        policy: SpecPolicy,
+        profile: CostProfile,
+        *,
+        max_batch: int,
+        proposers: list[str] | None = None,
+        step_time_noise: float = 0.0,
+        seed: int = 0,
+        writer: TraceWriter | None = None,
+        drafter_pass_s: tuple[float, float] | None = None,
+    ) -> None:
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch={max_batch!r} is invalid; allowed: an integer >= 1")
+        if not (math.isfinite(step_time_noise) and step_time_noise >= 0):
+            raise ValueError(
+                f"step_time_noise={step_time_noise!r} is invalid; allowed: a finite number >= 0"
+            )
+        if drafter_pass_s is not None and not (
+            len(drafter_pass_s) == 2 and all(math.isfinite(x) and x >= 0 for x in drafter_pass_s)
+        ):
+            raise ValueError(
+                f"drafter_pass_s={drafter_pass_s!r} is invalid; allowed: None or (plain, adapted) "
+                "seconds, both finite and >= 0"
+            )
+        _check_requests(requests)
+        props = list(policy.proposers if proposers is None else proposers)
+        self.policy = policy
+        self.profile = profile
+        self.max_batch = max_batch
+        self.props = [p for p in props if p != "none"]
+        self.has_adapted = any(p.startswith("lora:") for p in self.props)
+        self.adapted_pass = False  # whether the previous step's drafter pass applied adapters
+        self.drafter_pass_s = drafter_pass_s
+        self.max_k = int(policy.max_k)
+        self.rng = np.random.default_rng(seed)
+        order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
+        self.queue = deque(requests[i] for i in order)
+        self.running: list[_Live] = []
+        self.res = ReplayResult(policy=getattr(policy, "name", type(policy).__name__))
+        # The same step code as the engine: drafts come from the requests' tables (external proposers).
+        self.driver = StepDriver(
+            policy,
+            {},
+            max_k=self.max_k,
+            vocab_size=1 << 31,
+            external=self.props,
+            tracer=writer,
+            metrics=self.res.metrics,
+            controller_in_step_time=False,
+        )
+        self.clock = 0.0
+        self.finished = 0
+        self.times: list[float] = []
+        self.toks: list[int] = []
+        self.sigma = float(step_time_noise)
+
+    @property
+    def done(self) -> bool:
+        """Whether every request has completed."""
+        return not (self.queue or self.running)
+
+    def step(self) -> None:
+        """Simulate one engine step (see the module docstring); nothing when :attr:`done`."""
+        if self.done:
+            return
+        queue, running, res, driver = self.queue, self.running, self.res, self.driver
+        props, max_k, policy = self.props, self.max_k, self.policy
+        drafter_pass_s = self.drafter_pass_s
+        if not running and queue and queue[0].arrival_s > self.clock:
+            self.clock = queue[0].arrival_s  # idle until the next arrival
         new: list[_Live] = []
-        while queue and len(running) < max_batch and queue[0].arrival_s <= clock:
+        while queue and len(running) < self.max_batch and queue[0].arrival_s <= self.clock:
             live = _Live(queue.popleft())
             running.append(live)
             new.append(live)
@@ -258,7 +319,7 @@ def replay(
         match: dict[str, dict[str, int]] = {p: {} for p in props}
         for lv in decode:
             for p in props:
-                if drafter_pass_s is not None and not adapted_pass and p.startswith("lora:"):
+                if drafter_pass_s is not None and not self.adapted_pass and p.startswith("lora:"):
                     continue  # the last pass made no adapted drafts
                 d = lv.req.draft(p, lv.n)
                 if d is not None:
@@ -278,7 +339,8 @@ def replay(
         )
         res.policy_time_s += time.perf_counter() - t0
         if drafter_pass_s is not None:
-            adapted_pass = has_adapted and policy.drafter_adapters_wanted()
+            self.adapted_pass = self.has_adapted and policy.drafter_adapters_wanted()
+        adapted_pass = self.adapted_pass
         chosen = dict(zip(dec.req_ids, zip(dec.drafts, dec.arms, strict=True), strict=True))
         verified: list[VerifiedRequest] = []
         n_verified = 0
@@ -321,9 +383,10 @@ def replay(
                 )
             )
         B = len(running)
-        t_step = float(profile.step_time(B, n_verified, draft_passes, prefill))
+        t_step = float(self.profile.step_time(B, n_verified, draft_passes, prefill))
+        sigma = self.sigma
         if sigma > 0:
-            t_step *= float(np.exp(rng.normal(0.0, sigma) - 0.5 * sigma * sigma))
+            t_step *= float(np.exp(self.rng.normal(0.0, sigma) - 0.5 * sigma * sigma))
         drafter_s = 0.0
         if drafter_pass_s is not None:
             drafter_s = drafter_pass_s[1] if adapted_pass else drafter_pass_s[0]
@@ -336,7 +399,7 @@ def replay(
             num_verified_tokens=n_verified,
             num_prefill_tokens=prefill,
             queue_len=len(queue),
-            start_time=clock,
+            start_time=self.clock,
             drafter_time_s=drafter_s,
             drafter_adapters=adapted_pass,
         )
@@ -344,14 +407,20 @@ def replay(
         step_tok = sum(len(v.emitted_token_ids) for v in verified)
         res.request_steps += len(verified)
         res.step_arms.append({"requests": arms_row})
-        times.append(t_step)
-        toks.append(step_tok)
-        clock += t_step
-        running = [lv for lv in running if lv.n < len(lv.req)]
-    res.step_time_s = np.asarray(times, dtype=float)
-    res.step_tokens = np.asarray(toks, dtype=np.int64)
-    res.steps = len(times)
-    res.tokens = int(res.step_tokens.sum())
-    res.time_s = float(res.step_time_s.sum())
-    res.metrics.controller_time_s = 0.0  # replay charges no controller time to the simulated clock
-    return res
+        self.times.append(t_step)
+        self.toks.append(step_tok)
+        self.clock += t_step
+        self.running = [lv for lv in running if lv.n < len(lv.req)]
+        self.finished += len(running) - len(self.running)
+
+    def result(self) -> ReplayResult:
+        """What the run measured so far (the whole replay once :attr:`done`)."""
+        res = self.res
+        res.step_time_s = np.asarray(self.times, dtype=float)
+        res.step_tokens = np.asarray(self.toks, dtype=np.int64)
+        res.steps = len(self.times)
+        res.tokens = int(res.step_tokens.sum())
+        res.time_s = float(res.step_time_s.sum())
+        # Replay charges no controller time to the simulated clock.
+        res.metrics.controller_time_s = 0.0
+        return res

@@ -54,3 +54,33 @@ def test_single_writer_is_an_overwrite_and_a_bad_file_is_replaced(tmp_path):
     # Another policy's file is replaced, not added to.
     merge_policy_state(_doc([1, 1, 1], 1, name="other"), path, None)
     assert json.loads(path.read_text())["policy"] == "other"
+
+
+def test_first_pull_survives_a_changed_provenance_string(tmp_path):
+    """A replica's first merge finds a file another replica wrote after learning: the strings that
+    learning changes (a cost table's ``source``) do not hide the other's counts from the pull; names
+    that index the counts (the proposers) still must match."""
+    from adaptive_spec.core.state import sync_policy_state
+
+    def doc(counts: list[int], source: str, proposers: list[str]) -> str:
+        state = {
+            "name": "adaptive",
+            "acceptance": {"proposers": proposers, "counts": counts},
+            "cost": {"table": {"source": source}, "scale_on_first": source == "prior"},
+        }
+        return json.dumps(
+            {"format": FORMAT, "version": VERSION, "policy": "adaptive", "state": state}
+        )
+
+    path = tmp_path / "policy.json"
+    fresh = json.loads(doc([0, 0], "prior", ["ngram", "jacobi"]))["state"]
+    # Replica A learned (its cost table's source changed) and wrote the file first.
+    sync_policy_state(doc([3, 1], "prior+learned", ["ngram", "jacobi"]), path, fresh, fresh)
+    # Replica B's first merge: it has seen only its own fresh state.
+    res = sync_policy_state(doc([0, 2], "prior+learned", ["ngram", "jacobi"]), path, fresh, fresh)
+    assert res.others is not None and res.others["acceptance"]["counts"] == [3, 1]
+    assert json.loads(path.read_text())["state"]["acceptance"]["counts"] == [3, 3]
+    # Counts indexed by other names are not a difference of counts.
+    other = json.loads(doc([0, 0], "prior", ["jacobi", "ngram"]))["state"]
+    res = sync_policy_state(doc([0, 0], "prior", ["jacobi", "ngram"]), path, None, other)
+    assert res.others is None

@@ -6,7 +6,9 @@ recorded run logged them), the accepted length follows from the known output, an
 step is charged a cost profile's step time (by default one fitted to the trace's measured step times).
 Prints goodput, mean accepted length, acceptance rate, arm mix and regret against the best static arm
 in hindsight, the per-request best static arm and the oracle; writes plots and ``summary.json``.
-See ``docs/replay.md``.
+With ``--replicas N`` (N >= 2) it splits the requests between N data-parallel replicas instead and
+compares how fast they learn the acceptance with and without sharing a state file
+(:mod:`adaptive_spec.commands.replay_replicas`). See ``docs/replay.md``.
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--ngram-max", type=int, default=4, help="n-gram max_n the engine used (default 4)"
     )
+    from adaptive_spec.commands.replay_replicas import add_arguments
+
+    add_arguments(p)
     p.set_defaults(func=main)
 
 
@@ -121,12 +126,34 @@ def main(args: argparse.Namespace) -> int:
         )
         return 2
     names = _split_policies(args.policies)
+    from adaptive_spec.commands import replay_replicas
+    from adaptive_spec.core.errors import ConfigError
+
+    try:
+        opts = replay_replicas.parse_replica_args(args, len(wl.requests))
+    except ConfigError as e:
+        console.print(f"[red]error[/]: {e}")
+        return 2
     if wl.trace.truncated:
         console.print(
             f"[yellow]note[/]: the trace was cut off (line {wl.trace.truncated_at_line}) or has no end line; "
             "replaying its complete steps"
         )
     prior_key = None if args.no_prior else trace_prior_key(wl.trace)
+    out = Path(args.out) if args.out else path.parent / "replay"
+    if opts["replicas"] > 1:
+        out.mkdir(parents=True, exist_ok=True)
+        return replay_replicas.main(
+            args,
+            console,
+            wl,
+            profile,
+            names=names,
+            opts=opts,
+            max_batch=max_batch,
+            prior_key=prior_key,
+            out=out,
+        )
     try:
         cmp = compare_policies(
             wl.requests,
@@ -233,7 +260,6 @@ def main(args: argparse.Namespace) -> int:
     table.caption = "\n".join(notes)
     console.print(table)
 
-    out = Path(args.out) if args.out else path.parent / "replay"
     out.mkdir(parents=True, exist_ok=True)
     calib = None
     if args.calibration:

@@ -362,16 +362,25 @@ def state_file_lock(path: str | Path):
         os.close(fd)  # releases the lock
 
 
-def _same_layout(a: object, b: object) -> bool:
-    """Whether two state documents have the same layout: the same keys, list lengths and non-number
-    values (so that their difference, :func:`_combine`, is a difference of counts)."""
+def _scalar(v: object) -> bool:
+    return v is None or isinstance(v, (str, bool))
+
+
+def _same_layout(a: object, b: object, indexed: bool = False) -> bool:
+    """Whether two state documents have the same layout, so that their difference (:func:`_combine`)
+    is a difference of counts: the same keys, list lengths and kinds of value, and the same
+    non-number values inside lists (the names the numbers are indexed by, e.g. the proposers).
+    A dict's own strings and flags (a cost table's ``source``, which learning changes) may
+    differ: they are carried, not differenced."""
     if _number(a) and _number(b):
         return True
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same_layout(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same_layout(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
+        return len(a) == len(b) and all(_same_layout(x, y, True) for x, y in zip(a, b, strict=True))
+    if _scalar(a) and _scalar(b):
+        return a == b or not indexed
+    return False
 
 
 @dataclass(frozen=True)
