@@ -103,3 +103,56 @@ def test_greedy_chains_accept_runs_of_matches():
     assert (steps, emitted) == (3, 13)  # 5 + 5 + 3: the window ends inside the third chain
     none = np.zeros((4, 12), dtype=bool)
     assert _greedy_chains(none, 2, 12, 4) == (10, 10)
+
+
+def _features(n: int = 6, length: int = 12, seed: int = 0):
+    from adaptive_spec.commands.distill.eagle3_data import Features
+
+    g = torch.Generator().manual_seed(seed)
+    total = n * length
+    feats = torch.randn(total, 3 * SHAPE.hidden, generator=g).bfloat16()
+    labels = 2 * torch.randint(0, 20, (total,), generator=g)  # inside the draft vocabulary
+    tokens = torch.randint(0, 50, (total,), generator=g)
+    return Features(feats, labels, tokens, [i * length for i in range(n + 1)], [2] * n)
+
+
+def test_head_training_resumes_exactly(tmp_path, monkeypatch):
+    """Training 5 steps in one go equals 3 steps, an interruption (Ctrl-C writes a checkpoint), and a
+    resume to 5 in a fresh head (same batches, optimiser and schedule state)."""
+    from adaptive_spec.commands.distill import eagle3_train as T
+
+    f, t2d = _features(), torch.as_tensor(target_to_draft(np.arange(20) * 2, 50))
+
+    def fresh() -> Eagle3Head:
+        return _head(1).float()
+
+    cfg = T.HeadTraining(
+        steps=5, batch_size=2, ttt_steps=2, warmup=1, save_every=10, autocast=False
+    )
+    whole = fresh()
+    res = T.train_head(whole, f, range(6), t2d, cfg, tmp_path / "a", progress=False)
+    assert res["steps_done"] == 5 and len(res["history"]) == 5
+    assert len(res["agree"]) == 2  # one agreement per unrolled pass
+
+    real_loss, calls = T.head_loss, []
+
+    def interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real_loss(*a, **k)
+
+    monkeypatch.setattr(T, "head_loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        T.train_head(fresh(), f, range(6), t2d, cfg, tmp_path / "b", progress=False)
+    monkeypatch.setattr(T, "head_loss", real_loss)
+    resumed = fresh()  # the same target embedding (never checkpointed), other trained weights:
+    with torch.no_grad():  # everything trained must come from the checkpoint
+        for p in resumed.parameters():
+            p.add_(0.25)
+    res2 = T.train_head(resumed, f, range(6), t2d, cfg, tmp_path / "b", progress=False)
+    assert res2["steps_done"] == 5 and [h[0] for h in res2["history"]] == [1, 2, 3, 4, 5]
+    for (k, v), (k2, v2) in zip(
+        whole.state_dict().items(), resumed.state_dict().items(), strict=True
+    ):
+        assert k == k2 and torch.allclose(v, v2, atol=1e-6), k

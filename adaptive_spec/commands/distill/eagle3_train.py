@@ -18,7 +18,6 @@ steps and on Ctrl-C / SIGTERM, and resumes exactly (parameters, optimiser, sched
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .eagle3_data import Features
-from .training import _atomic_save, _Interrupt, batch_order, warmup_cosine
+from .training import _atomic_save, batch_order, run_steps, warmup_cosine
 
 logger = logging.getLogger("adaptive_spec.commands.distill")
 
@@ -162,7 +161,6 @@ def train_head(
         Without training sequences.
     """
     import torch
-    from tqdm.auto import tqdm
 
     if not train_idx:
         raise ValueError("no training sequences: add prompts (--prompts, --data)")
@@ -172,6 +170,8 @@ def train_head(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.warmup, cfg.steps))
     step, history = 0, []
     path = ckpt_dir / "head.pt" if ckpt_dir is not None else None
+    if ckpt_dir is not None:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
     if path is not None and path.exists():
         state = torch.load(path, map_location="cpu", weights_only=False)
         head.load_state_dict(state["head"], strict=False)
@@ -180,7 +180,7 @@ def train_head(
         step, history = int(state["step"]), list(state["history"])
         logger.info("resumed head training at step %d from %s", step, path)
 
-    def save() -> None:
+    def save(step: int, history: list[Any]) -> None:
         if path is not None:
             _atomic_save(
                 {
@@ -193,44 +193,19 @@ def train_head(
                 path,
             )
 
-    t0 = time.perf_counter()
-    bar = tqdm(total=cfg.steps, initial=step, desc="train EAGLE-3 head", disable=not progress)
+    def one_step(step: int) -> tuple[Any, list[float]]:
+        order = batch_order(len(train_idx), cfg.batch_size, step, cfg.seed)
+        b = make_batch(f, [train_idx[i] for i in order], t2d)
+        b.feats = b.feats.to(_dtype(head))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast):
+            loss, agree, _ = head_loss(head, b, cfg.ttt_steps)
+        return loss, list(agree)
+
     head.train()
-    with _Interrupt():
-        try:
-            while step < cfg.steps:
-                order = batch_order(len(train_idx), cfg.batch_size, step, cfg.seed)
-                b = make_batch(f, [train_idx[i] for i in order], t2d)
-                b.feats = b.feats.to(_dtype(head))
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast):
-                    loss, agree, _ = head_loss(head, b, cfg.ttt_steps)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                opt.step()
-                sched.step()
-                step += 1
-                history.append((step, float(loss.detach()), agree))
-                bar.update(1)
-                bar.set_postfix(
-                    loss=f"{float(loss.detach()):.3f}", agree="/".join(f"{a:.2f}" for a in agree)
-                )
-                if step % cfg.save_every == 0:
-                    save()
-        except KeyboardInterrupt:
-            save()
-            bar.close()
-            raise
-    save()
-    bar.close()
-    tail = history[-20:]
-    return {
-        "steps_done": step,
-        "seconds": round(time.perf_counter() - t0, 1),
-        "loss": float(np.mean([h[1] for h in tail])) if tail else None,
-        "agree": [float(x) for x in np.mean([h[2] for h in tail], axis=0)] if tail else None,
-        "history": history,
-    }
+    return run_steps(
+        params, opt, sched, one_step, save, steps=cfg.steps, step=step, history=history,
+        save_every=cfg.save_every, desc="train EAGLE-3 head", progress=progress,
+    )  # fmt: skip
 
 
 @dataclass

@@ -74,6 +74,79 @@ def _atomic_save(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def run_steps(
+    params: list[Any],
+    opt: Any,
+    sched: Any,
+    one_step: Callable[[int], tuple[Any, Any]],
+    save: Callable[[int, list[Any]], None],
+    *,
+    steps: int,
+    step: int,
+    history: list[Any],
+    save_every: int,
+    desc: str,
+    progress: bool = True,
+    time_budget_s: float | None = None,
+) -> dict[str, Any]:
+    """The optimisation loop both distillation trainers share: from ``step`` to ``steps``, each step
+    ``one_step(step) -> (loss, agree)`` (a scalar loss tensor; the agreement, a float or a list of
+    floats per unrolled pass), backward, gradient clipping at 1, ``opt`` and ``sched`` steps, a history
+    entry ``(step, loss, agree)`` and a progress bar; ``save(step, history)`` every ``save_every``
+    steps, at the end, and on Ctrl-C / SIGTERM (which then propagates as KeyboardInterrupt).
+
+    Returns ``steps_done``, ``seconds`` (wall time of this call), ``loss`` and ``agree`` (means over the
+    last 20 steps) and ``history``.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    t0 = time.perf_counter()
+    bar = tqdm(total=steps, initial=step, desc=desc, disable=not progress)
+    with _Interrupt():
+        try:
+            while step < steps:
+                loss, agree = one_step(step)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+                sched.step()
+                step += 1
+                value = float(loss.detach())
+                history.append((step, value, agree))
+                bar.update(1)
+                shown = (
+                    "/".join(f"{a:.2f}" for a in agree)
+                    if isinstance(agree, list | tuple)
+                    else f"{agree:.3f}"
+                )
+                bar.set_postfix(loss=f"{value:.3f}", agree=shown)
+                if step % save_every == 0:
+                    save(step, history)
+                if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+                    logger.warning("time budget of %.0f s reached at step %d", time_budget_s, step)
+                    break
+        except KeyboardInterrupt:
+            save(step, history)
+            bar.close()
+            raise
+    save(step, history)
+    bar.close()
+    tail = history[-20:]
+    agree_mean = None
+    if tail:
+        m = np.mean([h[2] for h in tail], axis=0)
+        agree_mean = [float(x) for x in m] if np.ndim(m) else float(m)
+    return {
+        "steps_done": step,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "loss": float(np.mean([h[1] for h in tail])) if tail else None,
+        "agree": agree_mean,
+        "history": history,
+    }
+
+
 def train_draft(
     draft: Any,
     params: list[Any],
@@ -108,7 +181,6 @@ def train_draft(
         If there is no training data.
     """
     import torch
-    from tqdm.auto import tqdm
 
     if not train:
         raise ValueError(
@@ -133,7 +205,7 @@ def train_draft(
         torch.set_rng_state(state["rng"])
         logger.info("resumed training at step %d from %s", step, path)
 
-    def save() -> None:
+    def save(step: int, history: list[Any]) -> None:
         if path is None:
             return
         _atomic_save(
@@ -150,56 +222,30 @@ def train_draft(
         )
 
     head_w = target.lm_head.weight
-    t0 = time.perf_counter()
-    bar = tqdm(total=cfg.steps, initial=step, desc="distill", disable=not progress)
-    save_every = cfg.save_every
+
+    def one_step(step: int) -> tuple[Any, float]:
+        idx = batch_order(len(train), cfg.batch_size, step, cfg.seed)
+        batch = [train[i] for i in idx]
+        ids, att, lm = collate(batch, cfg.seq_len, pad_id)
+        ids, att, lm = ids.to(dev), att.to(dev), lm.to(dev)
+        sel = lm.nonzero(as_tuple=True)
+        nxt = ids[sel[0], sel[1] + 1]
+        teacher = teacher_batch(cfg, target, batch, idx, ids, att, sel, teacher_cache)
+        with bf16_autocast(dev, cfg.autocast):
+            sh = final_hidden(draft, ids, att)[sel]
+            loss, st = distill_loss(
+                sh,
+                teacher.hidden,
+                head_w,
+                nxt,
+                loss=cfg.loss,
+                temperature=cfg.temperature,
+                teacher_topk=teacher.topk,
+            )
+        return loss, st["agree"]
+
     draft.train()
-    with _Interrupt():
-        try:
-            while step < cfg.steps:
-                idx = batch_order(len(train), cfg.batch_size, step, cfg.seed)
-                batch = [train[i] for i in idx]
-                ids, att, lm = collate(batch, cfg.seq_len, pad_id)
-                ids, att, lm = ids.to(dev), att.to(dev), lm.to(dev)
-                sel = lm.nonzero(as_tuple=True)
-                nxt = ids[sel[0], sel[1] + 1]
-                teacher = teacher_batch(cfg, target, batch, idx, ids, att, sel, teacher_cache)
-                with bf16_autocast(dev, cfg.autocast):
-                    sh = final_hidden(draft, ids, att)[sel]
-                    loss, st = distill_loss(
-                        sh,
-                        teacher.hidden,
-                        head_w,
-                        nxt,
-                        loss=cfg.loss,
-                        temperature=cfg.temperature,
-                        teacher_topk=teacher.topk,
-                    )
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                opt.step()
-                sched.step()
-                step += 1
-                history.append((step, float(loss.detach()), st["agree"]))
-                bar.update(1)
-                bar.set_postfix(loss=f"{float(loss.detach()):.3f}", agree=f"{st['agree']:.3f}")
-                if step % save_every == 0:
-                    save()
-                if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
-                    logger.warning("time budget of %.0f s reached at step %d", time_budget_s, step)
-                    break
-        except KeyboardInterrupt:
-            save()
-            bar.close()
-            raise
-    save()
-    bar.close()
-    tail = history[-20:]
-    return {
-        "steps_done": step,
-        "seconds": round(time.perf_counter() - t0, 1),
-        "loss": float(np.mean([h[1] for h in tail])) if tail else None,
-        "agree": float(np.mean([h[2] for h in tail])) if tail else None,
-        "history": history,
-    }
+    return run_steps(
+        params, opt, sched, one_step, save, steps=cfg.steps, step=step, history=history,
+        save_every=cfg.save_every, desc="distill", progress=progress, time_budget_s=time_budget_s,
+    )  # fmt: skip
