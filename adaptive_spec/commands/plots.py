@@ -21,6 +21,19 @@ def _plt():
     return plt
 
 
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` as a 110-dpi PNG (creating the directory), close it and
+    return ``path``."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_arm_choices(
     steps: list[dict[str, Any]], path: str | Path, title: str = "Arm choices over time"
 ) -> Path:
@@ -66,11 +79,7 @@ def plot_arm_choices(
     ax1.set_title(title)
     ax2.set_ylabel("mean k")
     ax2.set_xlabel("engine step")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_bars(
@@ -92,11 +101,7 @@ def plot_bars(
         ax.axhline(baseline, color="gray", linestyle="--", linewidth=1)
     ax.set_title(title)
     ax.set_ylabel(ylabel)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def arm_mix(counter: dict[str, int], top: int = 4) -> str:
@@ -130,11 +135,7 @@ def plot_regret(
     g = comparator_run.goodput if isinstance(comparator_run, ReplayResult) else comparator_run
     ax.set_title(f"Regret against the {comparator} ({g:.1f} tokens/s)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_arms(result: ReplayResult, path: str | Path) -> Path:
@@ -163,11 +164,7 @@ def plot_goodput_by_category(results: dict[str, ReplayResult], path: str | Path)
     ax.set_ylabel("goodput (tokens/s, attributed)")
     ax.set_title("Goodput per category")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_head_training(
@@ -202,8 +199,4 @@ def plot_head_training(
     a2.set_ylim(0, 1)
     a2.legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

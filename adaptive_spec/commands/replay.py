@@ -342,11 +342,9 @@ def plot_calibration(calib: dict[str, Any], path: Path) -> Path | None:
     """Reliability diagram: observed acceptance rate against predicted, one line per proposer."""
     if not calib:
         return None
-    import matplotlib
+    from adaptive_spec.commands.plots import _plt, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _plt()
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect")
     for name, c in calib.items():
@@ -359,7 +357,4 @@ def plot_calibration(calib: dict[str, Any], path: Path) -> Path | None:
     ax.set_ylim(0, 1)
     ax.legend()
     ax.set_title("Acceptance calibration (replay)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -426,7 +426,7 @@ def print_study(
 def plot_study(study: Any, path: Path, policy: str) -> Path:
     """Error against the single server's final learned acceptance vs requests per replica: one
     server, the sharing replicas' and the lone replicas' worst replica, and the tolerance."""
-    from adaptive_spec.commands.plots import _plt
+    from adaptive_spec.commands.plots import _plt, save_figure
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -438,8 +438,4 @@ def plot_study(study: Any, path: Path, policy: str) -> Path:
     ax.set_ylabel("error vs single server's final (worst replica)")
     ax.set_title(f"Learned acceptance, data-parallel replicas ({policy})")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -177,7 +177,7 @@ def markdown(data: dict[str, Any]) -> str:
 def plot_tpot(data: dict[str, Any], path: Path) -> Path | None:
     """TPOT (p50 and p99) and output tokens/s against the request rate of the steady patterns, one line
     per configuration. Returns the path, or None when no steady pattern ran."""
-    from adaptive_spec.commands.plots import _plt
+    from adaptive_spec.commands.plots import _plt, save_figure
 
     steady = [p for p in data["patterns"] if p["kind"] == "steady" and not math.isinf(p["rate"])]
     if not steady:
@@ -217,11 +217,7 @@ def plot_tpot(data: dict[str, Any], path: Path) -> Path | None:
         f"bench serve: {Path(str(s.get('model', ''))).name} ({s.get('dtype')}), {s.get('requests')} requests "
         f"x {s.get('max_tokens')} tokens per rate"
     )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def finite(x: Any) -> Any:
