@@ -10,7 +10,11 @@ as ``method: "eagle3"``. The worker checks:
   changes proposer and k every step, and for the adaptive controller;
 * acceptance through vLLM is partly right (the head's alignment is vLLM's);
 * the drafter's passes per step follow the largest k the decisions use (``num_spec_tokens_to_schedule``,
-  counted at the drafter), 0 passes beyond the KV-cache pass when no request drafts with it.
+  counted at the drafter), 0 passes beyond the KV-cache pass when no request drafts with it;
+* LoRA adapters on the head (:class:`adaptive_spec.vllm.lora_draft.LoraDraftManager` on vLLM's EAGLE-3
+  drafter): the hooks against a dense reference, including ``qkv_proj`` over the head's 2 x hidden
+  input; greedy identity with requests of one batch on different adapters or none, each request's
+  drafts made with its own adapter; and ``lora:<name>`` arms under the adaptive controller.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ CHECKS = (
     "acceptance-mixed",
     "passes-follow-k",
     "passes-idle",
+    "lora-hooks",
+    "lora-mixed",
+    "lora-adaptive",
 )
 TIMEOUT_S = 420
 
@@ -223,6 +230,138 @@ def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
         return f"{decode.count(0)}/{len(decode)} steps without draft passes"
 
     check("passes-idle", passes_idle)
+
+    # -- LoRA adapters on the head ------------------------------------------------------------------
+    import torch
+
+    from adaptive_spec.vllm.lora_draft import (
+        FUSED,
+        LoraAdapter,
+        LoraDraftManager,
+        lora_delta_reference,
+        save_lora_adapter,
+    )
+
+    def random_adapters(mgr: LoraDraftManager) -> dict[str, LoraAdapter]:
+        shapes = {
+            part: (d_in, d_out)
+            for fused, (d_in, outs) in mgr.shapes.items()
+            for part, d_out in zip(FUSED[fused], outs, strict=True)
+        }
+        out = {}
+        for name, seed in (("a", 1), ("b", 2)):
+            g = torch.Generator().manual_seed(seed)
+            w = {
+                (0, m): (
+                    torch.randn(d_in, 4, generator=g) / d_in**0.5,
+                    torch.randn(4, d_out, generator=g) * 0.6,
+                )
+                for m, (d_in, d_out) in shapes.items()
+            }
+            out[name] = LoraAdapter(name, 4, 8.0, w)
+        return out
+
+    def lora_hooks():
+        mgr = LoraDraftManager(llm, max_rank=4)
+        try:
+            ads = random_adapters(mgr)
+            assert (
+                mgr.num_layers == 1
+                and mgr.shapes["self_attn.qkv_proj"][0] == 2 * (mgr.shapes["self_attn.o_proj"][0])
+            ), mgr.shapes  # the head's attention reads embedding and fused state side by side
+            slots = {n: mgr.register(n, a) for n, a in ads.items()}
+            names = [None, "a", "b", "a", None]
+            idx = torch.tensor([-1 if n is None else slots[n] for n in names])
+            torch.manual_seed(0)
+            for fused, parts in FUSED.items():
+                mod = mgr._layers[0]
+                for part in fused.split("."):
+                    mod = getattr(mod, part)
+                x = torch.randn(len(names), mgr.shapes[fused][0])
+                mgr._indices = None
+                base = mod(x)[0].clone()
+                mgr._indices = idx
+                got = mod(x)[0]
+                mgr._indices = None
+                for t, n in enumerate(names):
+                    want = base[t].clone()
+                    if n is not None:
+                        want += torch.cat(
+                            [lora_delta_reference(x[t : t + 1], ads[n], 0, p) for p in parts], -1
+                        )[0]
+                    torch.testing.assert_close(got[t], want, rtol=1e-5, atol=1e-5)
+        finally:
+            mgr.detach()
+        return "hooks equal the dense reference"
+
+    check("lora-hooks", lora_hooks)
+
+    def lora_mixed():
+        mgr = LoraDraftManager(llm, max_rank=4)
+        sched = llm.llm_engine.engine_core.engine_core.scheduler
+        plan = [None, "a", "b", None, "a"]
+        seen: list[str] = []
+        try:
+            for n, a in random_adapters(mgr).items():
+                mgr.register(n, a)
+            orig_add = sched.add_request
+
+            def add_request(request):
+                seen.append(request.request_id)
+                mgr.set_request_adapter(request.request_id, plan[(len(seen) - 1) % len(plan)])
+                return orig_add(request)
+
+            sched.add_request = add_request
+            outs, spec, _ = run(
+                "lora-mixed", ScriptedPolicy(arms, MAX_K, fixed(Arm("draft", MAX_K)))
+            )
+        finally:
+            vars(sched).pop("add_request", None)
+            mgr.detach()
+        got = {tuple(p): list(o.token_ids) for p, o in zip(prompts, outs, strict=True)}
+        assert got == ref, "tokens differ from no speculation"
+        assert spec.stats()["faults"] == 0
+        adapter = {rid: plan[i % len(plan)] for i, rid in enumerate(seen)}
+        for rid, want in adapter.items():
+            assert mgr.adapter_of_last_drafts(rid) == want, (rid, want)
+        drafted = {None: 0, "a": 0, "b": 0}
+        accepted = dict(drafted)
+        for st in traces["lora-mixed"].steps:
+            for r in st["requests"]:
+                a = adapter[r["req_id"]]
+                drafted[a] += r["drafted"]
+                accepted[a] += r["accepted"]
+        base = accepted[None] / max(drafted[None], 1)
+        lora = (accepted["a"] + accepted["b"]) / max(drafted["a"] + drafted["b"], 1)
+        # random adapters make most drafts wrong; the base head's stay partly right in the same batches
+        assert drafted["a"] > 0 and drafted["b"] > 0 and base > lora, (drafted, accepted)
+        return f"acceptance base {base:.2f}, adapted {lora:.2f}"
+
+    check("lora-mixed", lora_mixed)
+
+    def lora_adaptive():
+        probe = LoraDraftManager(llm, max_rank=4)
+        try:
+            ads = random_adapters(probe)
+        finally:
+            probe.detach()
+        dirs = {n: save_lora_adapter(a, Path(tmp) / "adapters" / n) for n, a in ads.items()}
+        path = Path(tmp) / "lora-adaptive.jsonl"
+        props = ["none", "ngram", "draft", "lora:a", "lora:b"]
+        with AdaptiveSpec(llm, props, policy="adaptive", lora_adapters=dirs, trace=path) as spec:
+            assert spec.lora is not None and spec.lora.adapters == ("a", "b")
+            outs = generate(llm, prompts, greedy(12))
+        got = {tuple(p): list(o.token_ids) for p, o in zip(prompts, outs, strict=True)}
+        assert got == ref, "tokens differ from no speculation"
+        st = spec.stats()
+        assert st["faults"] == 0, st["faults"]
+        runner_drafter = runner.drafter
+        assert not runner_drafter.model.model.layers[0].self_attn.qkv_proj._forward_hooks
+        return (
+            f"by proposer {json.dumps({p: v.get('drafted') for p, v in st['by_proposer'].items()})}"
+        )
+
+    check("lora-adaptive", lora_adaptive)
 
 
 # -- tests -----------------------------------------------------------------------------------------

@@ -244,7 +244,9 @@ def test_lora_draft_arm_refused_without_a_draft_model(tiny_llm):
     refused, naming the method needed (their identity family is tests/test_drafts_lora_vllm.py)."""
     from adaptive_spec.vllm import AdaptiveSpec
 
-    with pytest.raises(ValueError, match="needs an engine built with method='draft_model'"):
+    with pytest.raises(
+        ValueError, match="needs an engine built with method='eagle3' or 'draft_model'"
+    ):
         AdaptiveSpec(tiny_llm, ["none", "lora:code"], policy="none", lora_adapters={"code": "x"})
 
 

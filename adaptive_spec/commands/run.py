@@ -89,9 +89,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--proposers",
         default="none,ngram,jacobi",
         help="comma-separated proposers the controller may choose: none, ngram, jacobi, suffix, draft (the "
-        "engine's drafter: the shipped EAGLE-3 head unless --draft-model is given), lora:<name> (a "
-        "layer-cut --draft-model with LoRA adapter <name>), lora (every --lora-adapter) (default "
-        "none,ngram,jacobi)",
+        "engine's drafter: the shipped EAGLE-3 head unless --draft-model is given), lora:<name> (the "
+        "drafter with LoRA adapter <name>: one the shipped head stores, or a --lora-adapter), lora "
+        "(every adapter) (default none,ngram,jacobi)",
     )
     p.add_argument(
         "--draft-model",
@@ -104,7 +104,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=DIR",
-        help="a LoRA adapter for the layer-cut --draft-model (repeatable; none is shipped)",
+        help="a LoRA adapter for the drafter, trained with adaptive-spec distill --lora (repeatable; "
+        "the shipped head's own adapters are used without this flag)",
     )
     p.add_argument(
         "--seed", type=int, default=0, help="seed of the engine and the policy (default 0)"
@@ -207,8 +208,8 @@ def resolve_drafts(
     args: argparse.Namespace, proposers: list[str]
 ) -> tuple[list[str], dict[str, Any]]:
     """Expand ``lora`` into ``lora:<name>`` per available adapter, set ``args.draft_model`` to the shipped
-    drafter when a draft proposer needs one and none was given (the EAGLE-3 head; the layer-cut draft
-    and its adapters when a ``lora`` proposer is asked for: :func:`adaptive_spec.vllm.eagle3.default_drafter`),
+    drafter when a draft proposer needs one and none was given (the EAGLE-3 head, and its stored
+    adapters when a ``lora`` proposer is asked for: :func:`adaptive_spec.vllm.eagle3.default_drafter`),
     and return the proposers and the adapters (name -> directory).
 
     Raises

@@ -69,8 +69,8 @@ class AdaptiveSpec:
         :mod:`adaptive_spec.vllm.workers`).
     proposers : sequence of str
         Arms' proposers among ``none``, ``ngram``, ``jacobi``, ``suffix``, ``draft`` (the engine's draft model; needs
-        a draft-model engine) and ``lora:<name>`` (the draft model with LoRA adapter ``name`` from
-        ``lora_adapters``; needs ``method="draft_model"``).
+        a draft-model engine) and ``lora:<name>`` (the drafter with LoRA adapter ``name`` from
+        ``lora_adapters``; needs ``method="eagle3"`` or ``"draft_model"``).
     lora_adapters : mapping, optional
         Adapter name -> adapter directory (:func:`adaptive_spec.vllm.lora_draft.save_lora_adapter`) or
         :class:`~adaptive_spec.vllm.lora_draft.LoraAdapter`, for the ``lora:<name>`` proposers. They are
@@ -143,8 +143,8 @@ class AdaptiveSpec:
     ValueError
         For an argument of the wrong kind (naming the parameter), an unknown proposer or policy name,
         invalid ``suffix`` options, ``draft`` without a draft model, ``lora:<name>`` without adapter
-        ``name`` in ``lora_adapters`` or without a ``draft_model`` engine, or an adapter that does not
-        fit the draft (rank, layers or shapes; raised at registration).
+        ``name`` in ``lora_adapters`` or without an ``eagle3`` / ``draft_model`` engine, or an adapter
+        that does not fit the drafter (rank, layers or shapes; raised at registration).
     """
 
     def __new__(cls, llm: Any = None, *args: Any, **kwargs: Any) -> Any:

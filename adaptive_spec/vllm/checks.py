@@ -271,7 +271,7 @@ def check_proposers(
         For ``lora:<name>`` when ``runner_in_process`` is False (a multiprocess executor).
     ValueError
         For no proposer, an unknown proposer name, ``lora:<name>`` without adapter ``name`` in
-        ``lora_adapters`` or without a ``draft_model`` engine, or ``draft`` without a draft model.
+        ``lora_adapters`` or without an ``eagle3`` / ``draft_model`` engine, or ``draft`` without a draft model.
     """
     unique = list(dict.fromkeys(proposers))
     if not unique:
@@ -290,10 +290,10 @@ def check_proposers(
                     "LLM with VLLM_ENABLE_V1_MULTIPROCESSING=0 and distributed_executor_backend="
                     "'uni', or drop the lora proposers"
                 )
-            if method != "draft_model":
+            if method not in ("draft_model", "eagle3"):
                 raise ValueError(
-                    f"proposer={p!r} needs an engine built with method='draft_model' (LoRA adapters "
-                    f"apply to its draft model); this engine uses method={method!r}"
+                    f"proposer={p!r} needs an engine built with method='eagle3' or 'draft_model' "
+                    f"(LoRA adapters apply to its drafter); this engine uses method={method!r}"
                 )
             if p.removeprefix("lora:") not in lora_adapters:
                 raise ValueError(

@@ -371,15 +371,6 @@ def shipped_draft_dir(name: str = DEFAULT_DRAFT) -> Path:
     return shipped_dir(DRAFTS_DIR, name, "draft")
 
 
-def shipped_adapters(name: str = DEFAULT_DRAFT) -> dict[str, Path]:
-    """The LoRA adapters shipped with draft ``name``: adapter name -> directory (``adapter.json`` +
-    ``adapter.safetensors``, :func:`adaptive_spec.vllm.lora_draft.load_lora_adapter` reads them)."""
-    root = shipped_draft_dir(name) / "adapters"
-    if not root.is_dir():
-        return {}
-    return {p.name: p for p in sorted(root.iterdir()) if (p / "adapter.json").is_file()}
-
-
 def assemble_cached(
     draft_dir: str | Path,
     dtype: str = "bfloat16",

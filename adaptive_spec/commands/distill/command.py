@@ -26,8 +26,12 @@ the (K + 1)-bucket coarsenings, a lower bound of the full KL), ``online`` (the t
 distribution each step) or ``cached`` (the target's final hidden states computed once; logits are one
 product with the shared head).
 
-With ``--lora NAME`` the base draft is frozen and a LoRA adapter (Hu et al. 2022) on its linear layers
-is trained on one domain's text instead (:mod:`adaptive_spec.vllm.lora_draft` runs it inside vLLM).
+With ``--lora NAME`` the base drafter is frozen and a LoRA adapter (Hu et al. 2022) on its linear layers
+is trained on one domain's text instead (:mod:`adaptive_spec.vllm.lora_draft` runs it inside vLLM): on
+a stored layer-cut draft (``--draft``), or with ``--student eagle3`` on a stored head (``--draft``,
+default the shipped one) with the head's own loss, on the training sequences of ``--lora-domain``
+(``adaptive_spec.commands.distill.eagle3_lora``). ``--features-from DIR`` reuses the cached data and
+hidden states of the head's run, so an adapter needs no new target pass.
 
 It runs on the CPU (``--device cuda`` where there is a GPU) with tqdm progress bars. Checkpoints
 (trainable weights, optimiser, schedule, step, RNG state, history) are written atomically every
@@ -116,12 +120,29 @@ def add_parser(sub: Any) -> None:
         "--lora",
         default=None,
         metavar="NAME",
-        help="train LoRA adapter NAME for --draft instead of a draft",
+        help="train LoRA adapter NAME for --draft instead of a drafter (with --student eagle3: an "
+        "adapter on the head, trained on --lora-domain's sequences)",
+    )
+    a(
+        "--lora-domain",
+        default=None,
+        metavar="CATEGORY",
+        help="eagle3 --lora: train on the sequences of this category only (chat, code, math, "
+        "summarize, ...; default: the adapter's NAME)",
     )
     a(
         "--draft",
         default=None,
-        help="stored layer-cut draft that --lora adapts (required with --lora)",
+        help="what --lora adapts: a stored layer-cut draft (required for --student layer-cut) or a "
+        "stored EAGLE-3 head (--student eagle3; default: the shipped head)",
+    )
+    a(
+        "--features-from",
+        default=None,
+        metavar="DIR",
+        help="eagle3: reuse the cached data and target hidden states of an earlier run's checkpoint "
+        "directory DIR (same --data, --prompts, --skip, --eval-prompts, --seq-len and --generator), "
+        "e.g. to train adapters on the data of the head's own run without another target pass",
     )
     a("--lora-rank", type=int, default=16, help="LoRA rank r (default 16)")
     a("--lora-alpha", type=float, default=32.0, help="LoRA alpha; scale = alpha / r (default 32)")
@@ -233,10 +254,16 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError("--teacher topk supports --temperature 1 only")
     if not (args.device == "cpu" or args.device.startswith("cuda")):
         raise ValueError(f"--device={args.device!r} is invalid; allowed: cpu, cuda, cuda:N")
-    if args.student == "eagle3" and args.lora is not None:
-        raise ValueError(
-            "--lora adapts a stored layer-cut draft; it cannot be used with --student eagle3"
-        )
+    if args.lora_domain is not None and not (args.student == "eagle3" and args.lora is not None):
+        raise ValueError("--lora-domain needs --student eagle3 and --lora NAME")
+    if args.features_from is not None:
+        if args.student != "eagle3":
+            raise ValueError("--features-from needs --student eagle3")
+        if not Path(args.features_from).is_dir():
+            raise ValueError(
+                f"--features-from={args.features_from!r} is not a directory; give the checkpoint "
+                "directory of an earlier eagle3 run"
+            )
     if args.student == "eagle3" and args.generator == "hf":
         raise ValueError("--student eagle3 needs --generator vllm or none")
     if args.lora is not None:
@@ -254,6 +281,7 @@ def _config(args: argparse.Namespace, target_dir: Path, draft_dir: Path | None) 
         skip=args.skip,
         layers=args.layers,
         lora=args.lora,
+        lora_domain=args.lora_domain,
         draft=str(draft_dir) if draft_dir is not None else None,
         lora_rank=args.lora_rank,
         lora_alpha=args.lora_alpha,
@@ -326,7 +354,11 @@ def main(args: argparse.Namespace) -> int:
     else:
         target_dir = default_model_path("bfloat16")
     draft_dir = None
-    if args.lora is not None:
+    if args.lora is not None and args.student == "eagle3":
+        from adaptive_spec.vllm.eagle3 import shipped_head_dir
+
+        draft_dir = Path(args.draft) if args.draft else shipped_head_dir()
+    elif args.lora is not None:
         if not args.draft:
             print(
                 "adaptive-spec distill: error: --lora needs --draft DIR, the layer-cut draft it adapts "
@@ -344,6 +376,12 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"adaptive-spec distill: error: {e}")
         return 2
+    if args.features_from is not None:
+        try:
+            reuse_features(Path(args.features_from), ckpt_dir, cfg)
+        except ValueError as e:
+            print(f"adaptive-spec distill: error: {e}")
+            return 2
     (ckpt_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
     print(f"checkpoints: {ckpt_dir} (rerun the same command to resume)")
     progress = not args.no_progress
@@ -398,3 +436,51 @@ def main(args: argparse.Namespace) -> int:
     print(format_report({student.baseline_name: baseline, "trained": report}))
     print(f"\nwrote {args.out}" + (f" and {args.export}" if args.export else ""))
     return 0
+
+
+# The settings a run's cached data and target hidden states depend on.
+_FEATURE_SETTINGS = (
+    "target", "data", "prompts", "eval_prompts", "skip", "seq_len", "generator", "max_new_tokens",
+    "max_prompt_tokens", "gen_temperature", "samples",
+)  # fmt: skip
+_FEATURE_FILES = ("data.npz", "features.pt")
+
+
+def reuse_features(src: Path, ckpt_dir: Path, cfg: DistillConfig) -> None:
+    """Link (or copy) an earlier eagle3 run's cached data and hidden states from ``src`` into
+    ``ckpt_dir``, where absent.
+
+    Raises
+    ------
+    ValueError
+        If ``src`` holds no such cache, or was written with other data settings (named).
+    """
+    import os
+    import shutil
+
+    try:
+        old = json.loads((src / "config.json").read_text())
+    except (OSError, ValueError):
+        raise ValueError(
+            f"--features-from={str(src)!r} has no readable config.json: not a distill checkpoint directory"
+        ) from None
+    new = asdict(cfg)
+    diff = [k for k in _FEATURE_SETTINGS if old.get(k) != new[k]]
+    if diff:
+        raise ValueError(
+            f"--features-from={str(src)!r} was written with other data settings ("
+            + ", ".join(f"{k}: {old.get(k)!r} there, {new[k]!r} here" for k in diff)
+            + "): use the same flags as that run"
+        )
+    for name in _FEATURE_FILES:
+        if not (src / name).is_file():
+            raise ValueError(
+                f"--features-from={str(src)!r} lacks {name}: that run did not finish its data"
+            )
+        dst = ckpt_dir / name
+        if dst.exists() or src.resolve() == ckpt_dir.resolve():
+            continue
+        try:
+            os.link(src / name, dst)
+        except OSError:
+            shutil.copy2(src / name, dst)

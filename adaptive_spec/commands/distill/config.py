@@ -25,6 +25,7 @@ class DistillConfig:
     skip: int = 48
     layers: int = 2
     lora: str | None = None
+    lora_domain: str | None = None
     draft: str | None = None
     lora_rank: int = 16
     lora_alpha: float = 32.0

@@ -107,6 +107,12 @@ def run_eagle3(
     train_idx = list(range(len(train)))
     held_idx = list(range(len(train), len(every)))
     vocab = int(target.config.vocab_size)
+    cats = [every[i].category for i in held_idx]
+    if cfg.lora is not None:
+        return train_adapter(
+            cfg, ckpt_dir, target, feats, [s.category for s in train], held_idx, cats,
+            out=out, progress=progress,
+        )  # fmt: skip
     reply_labels = np.concatenate(
         [feats.sequence(i)[1][feats.sequence(i)[3] + 1 :].numpy() for i in train_idx]
     )
@@ -133,7 +139,6 @@ def run_eagle3(
     except KeyboardInterrupt:
         print(f"\ninterrupted: checkpoint kept in {ckpt_dir}; rerun the same command to resume")
         return 130
-    cats = [every[i].category for i in held_idx]
     report = (
         evaluate_head(head, feats, held_idx, cats, t2d, k_max=K_MAX, autocast=settings.autocast)
         if held_idx
@@ -175,4 +180,110 @@ def run_eagle3(
     print()
     print(format_head_report(report))
     print(f"\nwrote {out}; training curve: {plot}")
+    return 0
+
+
+def format_adapter_report(base: dict[str, Any], adapted: dict[str, Any], domain: str) -> str:
+    """A plain-text table: per held-out category, acceptance at draft position 1 and tau@4 of the base
+    head and with the adapter, and the difference at position 1 in points."""
+    head = f"{'category':<12}{'base pos 1':>12}{'adapter':>10}{'points':>8}{'base tau@4':>12}{'adapter':>10}"
+    lines = [head, "-" * len(head)]
+    for cat in sorted(adapted, key=lambda c: (c == "all", c != domain, c)):
+        b, a = base[cat], adapted[cat]
+        lines.append(
+            f"{cat + (' *' if cat == domain else ''):<12}{b.by_position[0]:>12.3f}"
+            f"{a.by_position[0]:>10.3f}{100 * (a.by_position[0] - b.by_position[0]):>+8.1f}"
+            f"{b.tau[K_MAX]:>12.3f}{a.tau[K_MAX]:>10.3f}"
+        )
+    return "\n".join(lines) + f"\n(* the adapter's domain, {domain!r})"
+
+
+def train_adapter(
+    cfg: DistillConfig,
+    ckpt_dir: Path,
+    target: Any,
+    feats: Any,
+    train_categories: list[str],
+    held_idx: list[int],
+    held_categories: list[str],
+    *,
+    out: str,
+    progress: bool,
+) -> int:
+    """Train LoRA adapter ``cfg.lora`` on the stored head ``cfg.draft`` (:mod:`.eagle3_lora`) with the
+    training sequences of ``cfg.lora_domain`` (default: the adapter's name), store it in ``out``
+    (:func:`adaptive_spec.vllm.lora_adapter.save_lora_adapter`) and print the held-out acceptance of the
+    base head and the adapted head per category. Returns the exit status."""
+    import torch
+
+    from adaptive_spec.core.machine import native_bf16
+    from adaptive_spec.vllm.lora_adapter import LoraAdapter, save_lora_adapter
+
+    from .eagle3_data import target_to_draft
+    from .eagle3_lora import add_head_lora, domain_indices, head_lora_weights, load_stored_head
+    from .eagle3_train import HeadTraining, evaluate_head, train_head
+
+    domain = cfg.lora_domain or cfg.lora
+    try:
+        idx = domain_indices(train_categories, domain)
+        head, spec = load_stored_head(target, cfg.draft)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"adaptive-spec distill: error: {e}")
+        return 2
+    vocab = int(target.config.vocab_size)
+    draft_ids = (torch.arange(len(head.d2t)) + head.d2t).numpy()
+    t2d = torch.as_tensor(target_to_draft(draft_ids, vocab))
+    bf16 = cfg.device != "cpu" or native_bf16()
+    autocast = cfg.autocast and bf16
+    print(
+        f"adapter {cfg.lora!r} on head {spec.name!r}: {len(idx)} training sequences of {domain!r}, "
+        f"rank {cfg.lora_rank}, alpha {cfg.lora_alpha}"
+    )
+    kw = {"k_max": K_MAX, "autocast": autocast}
+    base = evaluate_head(head, feats, held_idx, held_categories, t2d, **kw) if held_idx else {}
+    add_head_lora(head, cfg.lora_rank, cfg.lora_alpha, cfg.lora_modules, seed=cfg.seed)
+    settings = HeadTraining(
+        steps=cfg.steps, batch_size=cfg.batch_size, ttt_steps=cfg.ttt_steps, lr=cfg.lr,
+        warmup=cfg.warmup, weight_decay=cfg.weight_decay, save_every=cfg.save_every,
+        seed=cfg.seed, autocast=autocast,
+    )  # fmt: skip
+    try:
+        result = train_head(head, feats, idx, t2d, settings, ckpt_dir, progress=progress)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: checkpoint kept in {ckpt_dir}; rerun the same command to resume")
+        return 130
+    report = evaluate_head(head, feats, held_idx, held_categories, t2d, **kw) if held_idx else {}
+    curve = result.pop("history")
+    stride = max(1, len(curve) // 50)
+    training = {
+        "data": cfg.data,
+        "domain": domain,
+        "train_sequences": len(idx),
+        **{k: v for k, v in settings.__dict__.items()},
+        "seq_len": cfg.seq_len,
+        "modules": list(cfg.lora_modules),
+        **{k: result[k] for k in ("steps_done", "seconds", "loss", "agree")},
+        "curve": [
+            [s, round(loss, 4), [round(a, 4) for a in ag]] for s, loss, ag in curve[::stride]
+        ],
+    }
+    save_lora_adapter(
+        LoraAdapter(
+            name=cfg.lora,
+            rank=cfg.lora_rank,
+            alpha=cfg.lora_alpha,
+            weights=head_lora_weights(head),
+            base_draft={"name": spec.name, "weights_sha256": spec.weights_sha256},
+            training=training,
+            measured={
+                "held_out": {c: st.as_dict() for c, st in report.items()},
+                "held_out_base_head": {c: st.as_dict() for c, st in base.items()},
+            },
+        ),
+        out,
+    )
+    if report:
+        print()
+        print(format_adapter_report(base, report, domain))
+    print(f"\nwrote adapter {cfg.lora!r} to {out}")
     return 0

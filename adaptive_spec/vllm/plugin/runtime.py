@@ -74,9 +74,17 @@ class ServeRuntime:
         if metrics_dir is None and os.environ.get(ENV_METRICS_DIR):
             metrics_dir = os.environ[ENV_METRICS_DIR]
         self.metrics_dir = Path(metrics_dir) if metrics_dir else None
+        lora_adapters = {}
+        if any(p.startswith("lora:") for p in config.proposers):
+            from adaptive_spec.vllm.eagle3 import drafter_adapters
+
+            spec_cfg = getattr(core.vllm_config, "speculative_config", None)
+            drafter = getattr(spec_cfg, "model", None)
+            lora_adapters = drafter_adapters(drafter) if drafter else {}
         self.spec = AdaptiveSpec.attach_engine_core(
             core,
             list(config.proposers),
+            lora_adapters=lora_adapters,
             policy=config.policy,
             trace=config.trace,
             seed=config.seed,
