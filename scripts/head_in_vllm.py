@@ -77,11 +77,12 @@ def main() -> None:
     from adaptive_spec import AdaptiveSpec
     from adaptive_spec.commands.distill.prompts import format_prompt
     from adaptive_spec.commands.workloads import load_workload
-    from adaptive_spec.vllm.eagle3 import default_drafter
+    from adaptive_spec.vllm.eagle3 import default_drafter, head_adapters, shipped_head_dir
     from adaptive_spec.vllm.engine import build_llm
     from adaptive_spec.vllm.models import default_model_path
 
-    head, adapters = default_drafter("float32", lora=True)
+    head, _ = default_drafter("float32")
+    adapters = head_adapters(shipped_head_dir())
     llm = build_llm(
         default_model_path("float32"),
         dtype="float32",

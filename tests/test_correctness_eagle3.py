@@ -357,6 +357,13 @@ def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
         assert st["faults"] == 0, st["faults"]
         runner_drafter = runner.drafter
         assert not runner_drafter.model.model.layers[0].self_attn.qkv_proj._forward_hooks
+        # a static lora arm drafts with its adapter (the policy names it as the drafter's preference)
+        with AdaptiveSpec(llm, props, policy="static:lora:a:2", lora_adapters=dirs) as static:
+            outs = generate(llm, prompts, greedy(12))
+            by = static.stats()["by_proposer"]
+        got = {tuple(p): list(o.token_ids) for p, o in zip(prompts, outs, strict=True)}
+        assert got == ref, "tokens differ from no speculation (static:lora:a:2)"
+        assert by.get("lora:a", {}).get("drafted", 0) > 0, by
         return (
             f"by proposer {json.dumps({p: v.get('drafted') for p, v in st['by_proposer'].items()})}"
         )

@@ -56,6 +56,11 @@ class StaticPolicy(SpecPolicy):
             arms.append(_cut(self.arm, avail))
         return Decision(arms, [1.0] * len(arms), [[] for _ in arms])
 
+    def drafter_preference(self, req_id: str, candidates: list[str]) -> str | None:
+        """The arm's own proposer when it is one of the drafter's (``draft`` / ``lora:<name>``), so that
+        a ``lora:<name>`` arm's requests are drafted with that adapter; else ``None``."""
+        return self.arm.proposer if self.arm.proposer in candidates else None
+
 
 class BatchSizeTablePolicy(SpecPolicy):
     """vLLM's ``num_speculative_tokens_per_batch_size`` table for one proposer: batch sizes in
