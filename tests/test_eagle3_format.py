@@ -12,6 +12,7 @@ from adaptive_spec.commands.distill.eagle3_data import aux_layers
 from adaptive_spec.commands.distill.eagle3_head import Eagle3Head
 from adaptive_spec.vllm import eagle3
 from adaptive_spec.vllm.drafts import tensor_sha256
+from adaptive_spec.vllm.lora_adapter import LORA_MODULES
 from adaptive_spec.vllm.models import is_valid_model_dir
 
 
@@ -114,9 +115,27 @@ def test_shipped_drafters_fit_the_budget():
     assert held["by_position"][0] > 0.3, held  # its recorded held-out agreement
 
 
+def test_shipped_adapters_fit_the_shipped_head():
+    from adaptive_spec.vllm.lora_adapter import load_lora_adapter
+
+    ads = eagle3.head_adapters(eagle3.shipped_head_dir())  # checks each against the head's SHA-256
+    assert sorted(ads) == ["chat", "code", "math"]
+    for name, d in ads.items():
+        ad = load_lora_adapter(d)
+        assert ad.num_layers == 1 and {m for _, m in ad.weights} == set(LORA_MODULES)
+        assert ad.weights[0, "q_proj"][0].shape == (2 * 576, ad.rank)  # embedding + fused state
+        m = ad.measured  # the distillation report, base head and adapter on the same replies
+        assert set(m["held_out"]) == set(m["held_out_base_head"]) >= {name, "all"}
+
+
 @pytest.mark.slow
 def test_shipped_head_assembles_for_the_embedded_model(default_model_dir):
     d = eagle3.default_head_path("float32")
     assert eagle3.default_head_path("float32") == d and eagle3.is_head_dir(d)
     path, adapters = eagle3.default_drafter("float32")
     assert path == str(d) and adapters == {}
+    path, adapters = eagle3.default_drafter("float32", lora=True)
+    assert path == str(d) and sorted(adapters) == ["chat", "code", "math"]
+    # the serve plugin finds them from the directory vLLM loads
+    assert eagle3.drafter_adapters(d) == adapters
+    assert eagle3.drafter_adapters(default_model_dir) == {}

@@ -87,3 +87,12 @@ def test_compare_static_enables_only_the_proposer_a_static_configuration_plays(p
     from adaptive_spec.commands.compare_static import static_proposers
 
     assert static_proposers(policy, ["none", "ngram", "jacobi"]) == expected
+
+
+@pytest.mark.slow
+def test_lora_means_the_shipped_heads_adapters(default_model_dir):
+    """Without --draft-model, ``lora`` expands to the adapters stored with the shipped head."""
+    args = _args(dtype="float32")
+    props, adapters = resolve_drafts(args, ["none", "draft", "lora"])
+    assert props == ["none", "draft", "lora:chat", "lora:code", "lora:math"]
+    assert sorted(adapters) == ["chat", "code", "math"] and args.draft_model
