@@ -11,9 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .lora import lora_linear
-
-ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+from .lora import check_lora_settings, copy_adapter_into, layer_lora_weights, wrap_layer
 
 
 def load_stored_head(target: Any, head_dir: str | Path) -> tuple[Any, Any]:
@@ -69,37 +67,15 @@ def add_head_lora(
     ValueError
         For a bad rank or alpha, or an unknown module name.
     """
-    from adaptive_spec.vllm.lora_adapter import LORA_MODULES
-
-    if not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"lora_rank={rank!r} is invalid; allowed: an integer >= 1")
-    if not alpha > 0:
-        raise ValueError(f"lora_alpha={alpha!r} is invalid; allowed: > 0")
-    for m in modules:
-        if m not in LORA_MODULES:
-            raise ValueError(f"lora module={m!r} is unknown; allowed: {', '.join(LORA_MODULES)}")
+    check_lora_settings(rank, alpha, modules)
     for p in head.parameters():
         p.requires_grad_(False)
-    params = []
-    layer = head.midlayer
-    for m in modules:
-        parent = layer.self_attn if m in ATTN else layer.mlp
-        wrapped = lora_linear(
-            getattr(parent, m), rank, alpha, seed=seed * 1000 + LORA_MODULES.index(m)
-        )
-        setattr(parent, m, wrapped)
-        params += [wrapped.lora_a, wrapped.lora_b]
-    return params
+    return wrap_layer(head.midlayer, 0, rank, alpha, modules, seed)
 
 
 def head_lora_weights(head: Any) -> dict[tuple[int, str], tuple[Any, Any]]:
     """``(0, module) -> (A, B)`` of the LoRA wrappers in ``head`` (the head has one decoder layer)."""
-    out = {}
-    for parent in (head.midlayer.self_attn, head.midlayer.mlp):
-        for name, mod in parent.named_children():
-            if hasattr(mod, "lora_a"):
-                out[0, name] = (mod.lora_a.detach().cpu(), mod.lora_b.detach().cpu())
-    return out
+    return layer_lora_weights(head.midlayer, 0)
 
 
 def load_head_lora(head: Any, adapter: Any) -> None:
@@ -110,30 +86,13 @@ def load_head_lora(head: Any, adapter: Any) -> None:
     ValueError
         If the adapter has layers other than 0, or shapes that do not fit the head.
     """
-    import torch
-
     layers = {layer for layer, _ in adapter.weights}
     if layers - {0}:
         raise ValueError(
             f"adapter {adapter.name!r} has layers {sorted(layers)}; an EAGLE-3 head has layer 0 only"
         )
     add_head_lora(head, adapter.rank, adapter.alpha, sorted({m for _, m in adapter.weights}))
-    for parent in (head.midlayer.self_attn, head.midlayer.mlp):
-        for name, mod in parent.named_children():
-            pair = adapter.weights.get((0, name))
-            if pair is None or not hasattr(mod, "lora_a"):
-                continue
-            a, b = pair
-            if tuple(a.shape) != tuple(mod.lora_a.shape) or tuple(b.shape) != tuple(
-                mod.lora_b.shape
-            ):
-                raise ValueError(
-                    f"adapter {adapter.name!r} layers.0.{name}: shapes {tuple(a.shape)}, {tuple(b.shape)} "
-                    f"do not fit the head's {tuple(mod.lora_a.shape)}, {tuple(mod.lora_b.shape)}"
-                )
-            with torch.no_grad():
-                mod.lora_a.copy_(a)
-                mod.lora_b.copy_(b)
+    copy_adapter_into(head.midlayer, 0, adapter)
 
 
 def domain_indices(categories: Sequence[str], domain: str) -> list[int]:

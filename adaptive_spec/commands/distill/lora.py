@@ -48,6 +48,82 @@ def lora_linear(base: Any, rank: int, alpha: float, seed: int) -> Any:
     return _LORA_CLS(base, rank, alpha, seed)
 
 
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")  # under self_attn; the others under mlp
+
+
+def check_lora_settings(rank: int, alpha: float, modules: Sequence[str]) -> None:
+    """Raise ValueError for a bad rank or alpha, or an unknown module name."""
+    from adaptive_spec.vllm.lora_draft import LORA_MODULES
+
+    if not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"lora_rank={rank!r} is invalid; allowed: an integer >= 1")
+    if not alpha > 0:
+        raise ValueError(f"lora_alpha={alpha!r} is invalid; allowed: > 0")
+    for m in modules:
+        if m not in LORA_MODULES:
+            raise ValueError(f"lora module={m!r} is unknown; allowed: {', '.join(LORA_MODULES)}")
+
+
+def wrap_layer(
+    layer: Any, index: int, rank: int, alpha: float, modules: Sequence[str], seed: int
+) -> list[Any]:
+    """Wrap ``modules`` of one Llama-style decoder layer (``self_attn`` / ``mlp`` children) with
+    :func:`lora_linear`; returns their LoRA parameters."""
+    from adaptive_spec.vllm.lora_draft import LORA_MODULES
+
+    params = []
+    for m in modules:
+        parent = layer.self_attn if m in ATTN else layer.mlp
+        wrapped = lora_linear(
+            getattr(parent, m), rank, alpha, seed=seed * 1000 + index * 10 + LORA_MODULES.index(m)
+        )
+        setattr(parent, m, wrapped)
+        params += [wrapped.lora_a, wrapped.lora_b]
+    return params
+
+
+def layer_lora_weights(layer: Any, index: int) -> dict[tuple[int, str], tuple[Any, Any]]:
+    """``(index, module) -> (A, B)`` of the LoRA wrappers in one decoder layer."""
+    out = {}
+    for parent in (layer.self_attn, layer.mlp):
+        for name, mod in parent.named_children():
+            if hasattr(mod, "lora_a"):
+                out[index, name] = (mod.lora_a.detach().cpu(), mod.lora_b.detach().cpu())
+    return out
+
+
+def copy_adapter_into(layer: Any, index: int, adapter: Any) -> None:
+    """Copy ``adapter``'s weights of layer ``index`` into the LoRA wrappers of ``layer`` (a wrapper
+    the adapter has no weights for gets ``B = 0``).
+
+    Raises
+    ------
+    ValueError
+        If a matrix does not fit its wrapper (the message names both shapes).
+    """
+    import torch
+
+    for parent in (layer.self_attn, layer.mlp):
+        for name, mod in parent.named_children():
+            if not hasattr(mod, "lora_a"):
+                continue
+            pair = adapter.weights.get((index, name))
+            with torch.no_grad():
+                if pair is None:
+                    mod.lora_b.zero_()
+                    continue
+                a, b = pair
+                if tuple(a.shape) != tuple(mod.lora_a.shape) or tuple(b.shape) != tuple(
+                    mod.lora_b.shape
+                ):
+                    raise ValueError(
+                        f"adapter {adapter.name!r} layers.{index}.{name}: shapes {tuple(a.shape)}, "
+                        f"{tuple(b.shape)} do not fit {tuple(mod.lora_a.shape)}, {tuple(mod.lora_b.shape)}"
+                    )
+                mod.lora_a.copy_(a)
+                mod.lora_b.copy_(b)
+
+
 def add_lora(
     draft: Any, rank: int, alpha: float, modules: Sequence[str], seed: int = 0
 ) -> list[Any]:
@@ -63,26 +139,12 @@ def add_lora(
     ValueError
         For a bad rank/alpha or an unknown module name.
     """
-    from adaptive_spec.vllm.lora_draft import LORA_MODULES
-
-    if not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"lora_rank={rank!r} is invalid; allowed: an integer >= 1")
-    if not alpha > 0:
-        raise ValueError(f"lora_alpha={alpha!r} is invalid; allowed: > 0")
-    for m in modules:
-        if m not in LORA_MODULES:
-            raise ValueError(f"lora module={m!r} is unknown; allowed: {', '.join(LORA_MODULES)}")
+    check_lora_settings(rank, alpha, modules)
     for p in draft.parameters():
         p.requires_grad_(False)
     params = []
     for i, layer in enumerate(draft.model.layers):
-        for m in modules:
-            parent = layer.self_attn if m in ("q_proj", "k_proj", "v_proj", "o_proj") else layer.mlp
-            wrapped = lora_linear(
-                getattr(parent, m), rank, alpha, seed=seed * 1000 + i * 10 + LORA_MODULES.index(m)
-            )
-            setattr(parent, m, wrapped)
-            params += [wrapped.lora_a, wrapped.lora_b]
+        params += wrap_layer(layer, i, rank, alpha, modules, seed)
     return params
 
 
@@ -90,10 +152,7 @@ def lora_weights(draft: Any) -> dict[tuple[int, str], tuple[Any, Any]]:
     """``(layer, module) -> (A, B)`` of the LoRA wrappers in ``draft``."""
     out = {}
     for i, layer in enumerate(draft.model.layers):
-        for parent in (layer.self_attn, layer.mlp):
-            for name, mod in parent.named_children():
-                if hasattr(mod, "lora_a"):
-                    out[i, name] = (mod.lora_a.detach().cpu(), mod.lora_b.detach().cpu())
+        out.update(layer_lora_weights(layer, i))
     return out
 
 
@@ -105,29 +164,9 @@ def load_lora_into(draft: Any, adapter: Any) -> None:
     ValueError
         If the adapter does not fit the draft.
     """
-    import torch
-
-    modules = sorted({m for _, m in adapter.weights})
-    add_lora(draft, adapter.rank, adapter.alpha, modules)
+    add_lora(draft, adapter.rank, adapter.alpha, sorted({m for _, m in adapter.weights}))
     for i, layer in enumerate(draft.model.layers):
-        for parent in (layer.self_attn, layer.mlp):
-            for name, mod in parent.named_children():
-                if hasattr(mod, "lora_a"):
-                    pair = adapter.weights.get((i, name))
-                    with torch.no_grad():
-                        if pair is None:
-                            mod.lora_b.zero_()
-                            continue
-                        a, b = pair
-                        if tuple(a.shape) != tuple(mod.lora_a.shape) or tuple(b.shape) != tuple(
-                            mod.lora_b.shape
-                        ):
-                            raise ValueError(
-                                f"adapter {adapter.name!r} layers.{i}.{name}: shapes {tuple(a.shape)}, "
-                                f"{tuple(b.shape)} do not fit {tuple(mod.lora_a.shape)}, {tuple(mod.lora_b.shape)}"
-                            )
-                        mod.lora_a.copy_(a)
-                        mod.lora_b.copy_(b)
+        copy_adapter_into(layer, i, adapter)
 
 
 @dataclass
