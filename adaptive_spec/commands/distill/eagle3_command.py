@@ -58,6 +58,24 @@ def format_head_report(rows: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def head_settings(cfg: DistillConfig, autocast: bool) -> Any:
+    """The :class:`~.eagle3_train.HeadTraining` of a run (``autocast``: bf16 autocast applies)."""
+    from .eagle3_train import HeadTraining
+
+    return HeadTraining(
+        steps=cfg.steps, batch_size=cfg.batch_size, ttt_steps=cfg.ttt_steps, lr=cfg.lr,
+        warmup=cfg.warmup, weight_decay=cfg.weight_decay, save_every=cfg.save_every,
+        seed=cfg.seed, autocast=autocast,
+    )  # fmt: skip
+
+
+def curve_record(curve: list[Any]) -> list[Any]:
+    """At most about 50 points of a training history ``(step, loss, agreement per pass)``, rounded,
+    for the stored record."""
+    stride = max(1, len(curve) // 50)
+    return [[s, round(loss, 4), [round(a, 4) for a in ag]] for s, loss, ag in curve[::stride]]
+
+
 def run_eagle3(
     cfg: DistillConfig,
     ckpt_dir: Path,
@@ -76,7 +94,7 @@ def run_eagle3(
     from .data import prepare_data
     from .eagle3_data import aux_layers, build_features, draft_vocabulary, target_to_draft
     from .eagle3_head import Eagle3Head
-    from .eagle3_train import HeadTraining, evaluate_head, train_head
+    from .eagle3_train import evaluate_head, train_head
     from .teacher import load_target
 
     target_dir = Path(cfg.target)
@@ -111,7 +129,7 @@ def run_eagle3(
     if cfg.lora is not None:
         return train_adapter(
             cfg, ckpt_dir, target, feats, [s.category for s in train], held_idx, cats,
-            out=out, progress=progress,
+            out=out, progress=progress, autocast=cfg.autocast and bf16,
         )  # fmt: skip
     reply_labels = np.concatenate(
         [feats.sequence(i)[1][feats.sequence(i)[3] + 1 :].numpy() for i in train_idx]
@@ -123,17 +141,7 @@ def run_eagle3(
         f"draft vocabulary {len(draft_ids)} tokens covering {coverage:.1%} of the target's reply tokens"
     )
     head = Eagle3Head.from_target(target, torch.as_tensor(draft_ids))
-    settings = HeadTraining(
-        steps=cfg.steps,
-        batch_size=cfg.batch_size,
-        ttt_steps=cfg.ttt_steps,
-        lr=cfg.lr,
-        warmup=cfg.warmup,
-        weight_decay=cfg.weight_decay,
-        save_every=cfg.save_every,
-        seed=cfg.seed,
-        autocast=cfg.autocast and bf16,
-    )
+    settings = head_settings(cfg, cfg.autocast and bf16)
     try:
         result = train_head(head, feats, train_idx, t2d, settings, ckpt_dir, progress=progress)
     except KeyboardInterrupt:
@@ -145,7 +153,6 @@ def run_eagle3(
         else {}
     )
     curve = result.pop("history")
-    stride = max(1, len(curve) // 50)
     training = {
         "data": cfg.data,
         "prompts": cfg.prompts,
@@ -156,9 +163,7 @@ def run_eagle3(
         **{k: v for k, v in settings.__dict__.items()},
         "seq_len": cfg.seq_len,
         **{k: result[k] for k in ("steps_done", "seconds", "loss", "agree")},
-        "curve": [
-            [s, round(loss, 4), [round(a, 4) for a in ag]] for s, loss, ag in curve[::stride]
-        ],
+        "curve": curve_record(curve),
     }
     save_head(
         head.head_state_dict(),
@@ -209,19 +214,20 @@ def train_adapter(
     *,
     out: str,
     progress: bool,
+    autocast: bool,
 ) -> int:
     """Train LoRA adapter ``cfg.lora`` on the stored head ``cfg.draft`` (:mod:`.eagle3_lora`) with the
     training sequences of ``cfg.lora_domain`` (default: the adapter's name), store it in ``out``
     (:func:`adaptive_spec.vllm.lora_adapter.save_lora_adapter`) and print the held-out acceptance of the
-    base head and the adapted head per category. Returns the exit status."""
+    base head and the adapted head per category (``autocast``: bf16 autocast applies). Returns the exit
+    status."""
     import torch
 
-    from adaptive_spec.core.machine import native_bf16
     from adaptive_spec.vllm.lora_adapter import LoraAdapter, save_lora_adapter
 
     from .eagle3_data import target_to_draft
     from .eagle3_lora import add_head_lora, domain_indices, head_lora_weights, load_stored_head
-    from .eagle3_train import HeadTraining, evaluate_head, train_head
+    from .eagle3_train import evaluate_head, train_head
 
     domain = cfg.lora_domain or cfg.lora
     try:
@@ -233,8 +239,6 @@ def train_adapter(
     vocab = int(target.config.vocab_size)
     draft_ids = (torch.arange(len(head.d2t)) + head.d2t).numpy()
     t2d = torch.as_tensor(target_to_draft(draft_ids, vocab))
-    bf16 = cfg.device != "cpu" or native_bf16()
-    autocast = cfg.autocast and bf16
     print(
         f"adapter {cfg.lora!r} on head {spec.name!r}: {len(idx)} training sequences of {domain!r}, "
         f"rank {cfg.lora_rank}, alpha {cfg.lora_alpha}"
@@ -242,11 +246,7 @@ def train_adapter(
     kw = {"k_max": K_MAX, "autocast": autocast}
     base = evaluate_head(head, feats, held_idx, held_categories, t2d, **kw) if held_idx else {}
     add_head_lora(head, cfg.lora_rank, cfg.lora_alpha, cfg.lora_modules, seed=cfg.seed)
-    settings = HeadTraining(
-        steps=cfg.steps, batch_size=cfg.batch_size, ttt_steps=cfg.ttt_steps, lr=cfg.lr,
-        warmup=cfg.warmup, weight_decay=cfg.weight_decay, save_every=cfg.save_every,
-        seed=cfg.seed, autocast=autocast,
-    )  # fmt: skip
+    settings = head_settings(cfg, autocast)
     try:
         result = train_head(head, feats, idx, t2d, settings, ckpt_dir, progress=progress)
     except KeyboardInterrupt:
@@ -254,7 +254,6 @@ def train_adapter(
         return 130
     report = evaluate_head(head, feats, held_idx, held_categories, t2d, **kw) if held_idx else {}
     curve = result.pop("history")
-    stride = max(1, len(curve) // 50)
     training = {
         "data": cfg.data,
         "domain": domain,
@@ -263,9 +262,7 @@ def train_adapter(
         "seq_len": cfg.seq_len,
         "modules": list(cfg.lora_modules),
         **{k: result[k] for k in ("steps_done", "seconds", "loss", "agree")},
-        "curve": [
-            [s, round(loss, 4), [round(a, 4) for a in ag]] for s, loss, ag in curve[::stride]
-        ],
+        "curve": curve_record(curve),
     }
     save_lora_adapter(
         LoraAdapter(
