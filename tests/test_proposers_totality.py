@@ -184,3 +184,18 @@ def test_suffix_keeps_no_state_after_release_and_bounds_unreleased_ones() -> Non
     for i in range(1000):
         capped.propose([ProposalRequest(f"r{i}", np.arange(5), 10, 10)], [2])
     assert len(capped) == 100
+
+
+def test_suffix_cached_draft_respects_each_requests_vocabulary():
+    """Regression (found by the property test above): a request id given twice in one batch, first with
+    ``vocab_size=1`` then without a usable vocabulary, must not get the draft cached for the first."""
+    from adaptive_spec.proposers.base import ProposalRequest
+
+    prop = FACTORIES["suffix_small"]()
+    toks = np.zeros((2, 2), dtype=np.int64)
+    batch = [
+        ProposalRequest("c", toks, max_new_tokens=2, vocab_size=1),
+        ProposalRequest("c", toks, max_new_tokens=2, vocab_size=None),
+    ]
+    out = prop.propose(batch, [1, 1])
+    assert len(out[1]) == 0, out

@@ -120,8 +120,8 @@ class _Request:
     base: int  # history position of the first indexed token
     n: int = 0  # tokens indexed
     last: int = 0  # last token indexed
-    cached: tuple[int, int, np.ndarray, SuffixFeatures] | None = (
-        None  # (version, cap, draft, feats)
+    cached: tuple[int, int, np.ndarray, SuffixFeatures, int] | None = (
+        None  # (version, cap, draft, feats, vocab)
     )
 
 
@@ -385,7 +385,7 @@ class SuffixProposer(Proposer):
     # -- drafting ------------------------------------------------------------------------------
     def _draft(self, st: _Request, cap: int, vocab: int) -> tuple[np.ndarray, SuffixFeatures]:
         c = st.cached
-        if c is not None and c[0] == self._version and c[1] == cap:
+        if c is not None and c[0] == self._version and c[1] == cap and c[4] == vocab:
             return c[2], c[3]
         args = (cap, self.max_spec_factor, self.max_spec_offset, self.min_token_prob)
         best, source = NO_DRAFT, ""
@@ -407,7 +407,7 @@ class SuffixProposer(Proposer):
             score = best.score if len(p) == len(best.probs) else sum(p)
             probs = np.array(p, dtype=np.float64)
             f = SuffixFeatures(best.match_length, p[0], score, probs, source)
-        st.cached = (self._version, cap, d, f)
+        st.cached = (self._version, cap, d, f, vocab)
         return d, f
 
     # -- interface -----------------------------------------------------------------------------
