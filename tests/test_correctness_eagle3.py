@@ -11,6 +11,9 @@ as ``method: "eagle3"``. The worker checks:
 * acceptance through vLLM is partly right (the head's alignment is vLLM's);
 * the drafter's passes per step follow the largest k the decisions use (``num_spec_tokens_to_schedule``,
   counted at the drafter), 0 passes beyond the KV-cache pass when no request drafts with it;
+* the KV-cache pass deferred on steps without draft passes (:mod:`adaptive_spec.vllm.deferred_kv`)
+  leaves the drafter's cache as vLLM's own pass does: the first draft pass of every drafting step,
+  which attends to all earlier positions, gives the same output, and the head drafts the same tokens;
 * LoRA adapters on the head (:class:`adaptive_spec.vllm.lora_draft.LoraDraftManager` on vLLM's EAGLE-3
   drafter): the hooks against a dense reference, including ``qkv_proj`` over the head's 2 x hidden
   input; greedy identity with requests of one batch on different adapters or none, each request's
@@ -42,6 +45,7 @@ CHECKS = (
     "acceptance-mixed",
     "passes-follow-k",
     "passes-idle",
+    "kv-deferred",
     "lora-hooks",
     "lora-mixed",
     "lora-adaptive",
@@ -153,22 +157,53 @@ def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
     )
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
     passes: list[int] = []
+    drafts_made: list[list[list[int]]] = []
+    kv_seen: list[Any] = []  # per drafting step, the output of the drafter's first pass
     orig = runner.drafter.propose
+    import torch
+
+    model = runner.drafter.model
+    orig_forward = model.forward
+    first_pass = {"want": False}
+
+    def recording_forward(*args: Any, **kw: Any) -> Any:
+        # the first pass of a drafting step attends to the drafter's cached keys and values of every
+        # earlier position: its output is what the drafts are built from
+        out = orig_forward(*args, **kw)
+        if first_pass["want"]:
+            first_pass["want"] = False
+            kv_seen.append((out[0] if isinstance(out, tuple) else out).detach().clone())
+        return out
+
+    model.forward = recording_forward
 
     def counting(num_speculative_tokens: int, *args: Any, **kw: Any) -> Any:
+        # vLLM's own drafter calls: with the KV-cache pass deferred, steps without draft passes
+        # never get here (the deferral answers them)
         passes.append(int(num_speculative_tokens))
-        return orig(num_speculative_tokens, *args, **kw)
+        first_pass["want"] = bool(num_speculative_tokens)
+        out = orig(num_speculative_tokens, *args, **kw)
+        if num_speculative_tokens:
+            drafts_made.append(out.tolist())
+        return out
 
     runner.drafter.propose = counting
     prompts = core_prompts()
     ref = references_for(prompts, reference(llm, prompts, greedy(12)))
     traces: dict[str, Any] = {}
 
-    def run(name, policy, proposers=("none", "ngram", "jacobi", "draft")):
+    def run(name, policy, proposers=("none", "ngram", "jacobi", "draft"), defer=True):
         path = Path(tmp) / f"{name}.jsonl"
         passes.clear()
+        drafts_made.clear()
+        kv_seen.clear()
         with AdaptiveSpec(
-            llm, list(proposers), policy=policy, trace=path, trace_argmax=True
+            llm,
+            list(proposers),
+            policy=policy,
+            trace=path,
+            trace_argmax=True,
+            defer_drafter_kv=defer,
         ) as spec:
             if isinstance(policy, ScriptedPolicy):
                 policy.bind(spec)
@@ -208,7 +243,9 @@ def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
     check("acceptance-mixed", acceptance_mixed)
 
     def passes_follow_k():
-        _, spec, seen = run("passes-k2", ScriptedPolicy(arms, MAX_K, fixed(Arm("draft", 2))))
+        _, spec, seen = run(
+            "passes-k2", ScriptedPolicy(arms, MAX_K, fixed(Arm("draft", 2))), defer=False
+        )
         decode = seen[1:]  # the first step drafts in full
         assert decode and max(decode) <= MAX_K, seen
         at_k = sum(n == 2 for n in decode)
@@ -221,18 +258,56 @@ def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
     check("passes-follow-k", passes_follow_k)
 
     def passes_idle():
-        _, _, seen = run("passes-none", ScriptedPolicy(arms, MAX_K, fixed(NO_SPEC)))
+        _, _, seen = run("passes-none", ScriptedPolicy(arms, MAX_K, fixed(NO_SPEC)), defer=False)
         decode = seen[1:]
         assert decode.count(0) >= 0.8 * len(decode), f"passes per step {seen}: mostly 0 expected"
         # no drafter proposer at all: never a pass beyond the KV-cache one
-        _, _, none_seen = run("passes-ngram", "static:ngram:2", ("none", "ngram"))
+        _, _, none_seen = run("passes-ngram", "static:ngram:2", ("none", "ngram"), defer=False)
         assert all(n == 0 for n in none_seen[1:]), none_seen
-        return f"{decode.count(0)}/{len(decode)} steps without draft passes"
+        # with the KV-cache pass deferred, those steps never reach vLLM's drafter
+        _, spec, deferred_seen = run(
+            "passes-none-deferred", ScriptedPolicy(arms, MAX_K, fixed(NO_SPEC))
+        )
+        kv = spec.stats()["drafter_kv"]
+        assert 0 not in deferred_seen, deferred_seen
+        assert kv["deferred_steps"] == len(seen) - len(deferred_seen), (kv, seen, deferred_seen)
+        return f"{decode.count(0)}/{len(decode)} steps without draft passes; deferred: {kv}"
 
     check("passes-idle", passes_idle)
 
+    def kv_deferred():
+        # Bursts of drafting between runs of steps without draft passes: the deferred KV-cache pass
+        # must leave the drafter's cache as vLLM's own pass does, so the drafts are the same.
+        def bursts(key: Any, n_out: int, step: int, index: int) -> Arm:
+            return Arm("draft", 2) if (step // 3) % 3 == 0 else NO_SPEC
+
+        got = {}
+        for defer in (False, True):
+            outs, spec, seen = run(f"kv-{defer}", ScriptedPolicy(arms, MAX_K, bursts), defer=defer)
+            got[defer] = (
+                [list(o.token_ids) for o in outs],
+                list(seen),
+                [list(d) for d in drafts_made],
+                list(kv_seen),
+                spec.stats(),
+            )
+        off, on = got[False], got[True]
+        kv = on[4]["drafter_kv"]
+        assert kv["deferred_steps"] > 0 and kv["flushes"] > 0 and kv["stashed"] == 0, kv
+        assert on[0] == off[0], "outputs differ"
+        assert on[1] == [n for n in off[1] if n], (on[1], off[1])
+        assert on[2] == off[2], "the head drafted other tokens with its KV-cache pass deferred"
+        assert len(on[3]) == len(off[3]) == len(on[2]) and on[3], (len(on[3]), len(off[3]))
+        pairs = [(a, b) for a, b in zip(on[3], off[3], strict=True) if b.numel()]
+        assert pairs and all(a.shape == b.shape for a, b in pairs)
+        diff = max(float((a - b).abs().max()) for a, b in pairs)
+        scale = max(float(b.abs().max()) for _, b in pairs)
+        assert diff <= 1e-4 * max(1.0, scale), f"the first draft pass differs by {diff}"
+        return f"{kv}; {len(on[2])} drafting steps with the same drafts; first pass max diff {diff:.2e}"
+
+    check("kv-deferred", kv_deferred)
+
     # -- LoRA adapters on the head ------------------------------------------------------------------
-    import torch
 
     from adaptive_spec.vllm.lora_draft import (
         FUSED,

@@ -127,6 +127,12 @@ class AdaptiveSpec:
         parameters but ``max_k``, e.g. ``{"token_budget": 65536}``). ``{"scope": "tenant"}`` without a
         ``tenant_of`` keys the global index by the request's LoRA adapter name (requests without one
         share an index).
+    defer_drafter_kv : bool
+        On an EAGLE engine (without LoRA adapters, runner in this process), steps that draft nothing
+        with the head skip vLLM's KV-cache pass of the head and the next step that drafts writes those
+        keys and values in one batch (:mod:`adaptive_spec.vllm.deferred_kv`): the same drafts, at a
+        fraction of the cost while the controller plays other arms. ``False`` keeps vLLM's pass at
+        every step.
 
     One controller per engine: a second AdaptiveSpec on an engine that has one is refused; after
     :meth:`detach` the engine is plain vLLM again (its own methods, not wrappers).
@@ -176,6 +182,7 @@ class AdaptiveSpec:
         ngram_max: int = 4,
         lora_adapters: Mapping[str, Any] | None = None,
         suffix: Mapping[str, Any] | None = None,
+        defer_drafter_kv: bool = True,
     ) -> None:
         # -- checks at attach time (adaptive_spec.vllm.checks): version, arguments, engine, proposers
         vllm_version = check_vllm_version()
@@ -190,6 +197,10 @@ class AdaptiveSpec:
             category_of,
             lora_adapters,
         )
+        if not isinstance(defer_drafter_kv, bool):
+            raise ValueError(
+                f"defer_drafter_kv={defer_drafter_kv!r} is invalid; allowed: True or False"
+            )
         core = engine_core(llm)
         check_not_attached(core)
         runner = local_model_runner(core)  # None: the runner lives in worker processes
@@ -256,6 +267,7 @@ class AdaptiveSpec:
             ),
             lora=self.lora,
             category_of=category_of,
+            defer_drafter_kv=defer_drafter_kv,
         )
         # Marks the engine as driven (one controller per engine); detach() removes it with the hooks.
         self._patches = InstancePatches()
@@ -575,7 +587,8 @@ class AdaptiveSpec:
         with drafts verified without it (``greedy_verify_steps``), the sampled steps with deterministic
         drafts verified without it (``sampled_verify_steps``), where the policy's step-cost table
         came from (``cost_table_source``, None for a policy that prices no steps), on an EAGLE engine the
-        drafter passes asked for (``drafter_passes``, ``drafter_plan``) and (for the adaptive
+        drafter passes asked for (``drafter_passes``, ``drafter_plan``, and ``drafter_kv``: the steps
+        whose KV-cache pass was deferred, :mod:`adaptive_spec.vllm.deferred_kv`) and (for the adaptive
         controller) the safety rule's standing against its baseline. Definitions:
         :mod:`adaptive_spec.core.metrics`."""
         d = self.metrics.as_dict()
@@ -595,6 +608,8 @@ class AdaptiveSpec:
             plan = self.hooks.next_drafts.passes
             if plan is not None:
                 d["drafter_plan"] = plan.as_dict()
+            if self.hooks.deferred_kv is not None:
+                d["drafter_kv"] = self.hooks.deferred_kv.stats()
         ctrl = getattr(self.policy, "stats", None)
         if callable(ctrl):
             try:

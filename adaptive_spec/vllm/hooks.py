@@ -145,6 +145,7 @@ class StepHooks:
         next_drafts: NextDrafts,
         lora: Any = None,
         category_of: Callable[[Any], str | None] | None = None,
+        defer_drafter_kv: bool = True,
     ) -> None:
         self.core = core
         self.scheduler = core.scheduler
@@ -154,6 +155,10 @@ class StepHooks:
         self.next_drafts = next_drafts
         self.lora = lora
         self.category_of = category_of
+        self.defer_drafter_kv = defer_drafter_kv
+        self.deferred_kv: Any = (
+            None  # adaptive_spec.vllm.deferred_kv.DeferredDrafterKV, if installed
+        )
         self.clock = StepClock()
         self.calibration: Any = None
         self.plain_sampler_steps = 0
@@ -301,6 +306,13 @@ class StepHooks:
             # decisions do not change, except through LoRA adapters (see the controller's drafter
             # cost), and the step-cost table must not absorb it.
             drafter = self.runner.drafter
+            if plan_passes and self.defer_drafter_kv and self.lora is None:
+                # Steps without draft passes stash the head's KV-cache pass and the next step that
+                # drafts writes it in one batch (adaptive_spec.vllm.deferred_kv). LoRA adapters
+                # change the head's keys per request, so with them the pass runs at every step.
+                from adaptive_spec.vllm.deferred_kv import install_deferred_kv
+
+                self.deferred_kv = install_deferred_kv(drafter, patches, driver.fault)
             orig_draft_propose = drafter.propose
 
             def draft_propose(*args: Any, **kw: Any) -> Any:
