@@ -128,7 +128,7 @@ class AdaptiveSpec:
         ``tenant_of`` keys the global index by the request's LoRA adapter name (requests without one
         share an index).
     defer_drafter_kv : bool
-        On an EAGLE engine (without LoRA adapters, runner in this process), steps that draft nothing
+        On an EAGLE engine (without LoRA adapters), steps that draft nothing
         with the head skip vLLM's KV-cache pass of the head and the next step that drafts writes those
         keys and values in one batch (:mod:`adaptive_spec.vllm.deferred_kv`): the same drafts, at a
         fraction of the cost while the controller plays other arms. ``False`` keeps vLLM's pass at
@@ -309,6 +309,7 @@ class AdaptiveSpec:
             driver.argmax_wanted,
             lambda: driver.any_argmax_wanted,
             lambda: driver.record_all_argmax,
+            defer_drafter_kv=self.hooks.defer_drafter_kv and self.hooks.plan_passes,
         )
         self.workers.install(self._patches)
         backend = self.core.vllm_config.parallel_config.distributed_executor_backend
@@ -610,6 +611,8 @@ class AdaptiveSpec:
                 d["drafter_plan"] = plan.as_dict()
             if self.hooks.deferred_kv is not None:
                 d["drafter_kv"] = self.hooks.deferred_kv.stats()
+            elif self.workers is not None and self.workers.defer_drafter_kv:
+                d["drafter_kv"] = {"deferred_steps": counts.drafter_kv_deferred_steps}
         ctrl = getattr(self.policy, "stats", None)
         if callable(ctrl):
             try:

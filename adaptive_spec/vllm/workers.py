@@ -20,7 +20,8 @@ functions of this module (cloudpickle sends them by reference: each worker impor
 * an n-gram engine's own drafter is skipped (the controller drafts on the scheduler side; its drafts
   would only serve a failed decision, which then verifies no draft tokens that step: lossless);
 * a draft model's pass is timed (seconds, handed back in the report) so that the step-cost table does
-  not absorb it.
+  not absorb it, and an EAGLE head's KV-cache pass is deferred on steps without draft passes
+  (:mod:`adaptive_spec.vllm.deferred_kv`; its stash is flushed when the hooks are removed).
 
 Not here: the drafter's LoRA adapters (:mod:`adaptive_spec.vllm.lora_draft` replaces the drafter's layers
 and reads the controller's per-request choice at every pass, in the same process), so ``lora:<name>``
@@ -81,18 +82,22 @@ class RunnerReport:
 
 @dataclass(frozen=True, slots=True)
 class WorkerSetup:
-    """What the worker hooks need to know: the engine's speculative method."""
+    """What the worker hooks need to know: the engine's speculative method, and whether an EAGLE
+    head's KV-cache pass is deferred (:mod:`adaptive_spec.vllm.deferred_kv`)."""
 
     engine_method: str
+    defer_drafter_kv: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerCounters:
-    """Steps sampled or verified by a shortcut of :mod:`adaptive_spec.vllm.sampling` on one rank."""
+    """Steps sampled or verified by a shortcut of :mod:`adaptive_spec.vllm.sampling` on one rank, and
+    steps whose EAGLE KV-cache pass was deferred (:mod:`adaptive_spec.vllm.deferred_kv`)."""
 
     plain_sampler_steps: int = 0
     greedy_verify_steps: int = 0
     sampled_verify_steps: int = 0
+    drafter_kv_deferred_steps: int = 0
 
 
 class _WorkerHooks:
@@ -108,6 +113,7 @@ class _WorkerHooks:
         self.want = ArgmaxRequest()
         self.argmax: dict[str, np.ndarray] = {}
         self.drafter_s = 0.0
+        self.deferred_kv: Any = None
         self.faults: list[tuple[str, str]] = []
         self.counts = {
             "plain_sampler_steps": 0,
@@ -161,6 +167,10 @@ class _WorkerHooks:
 
             patches.set(drafter, "propose", propose)
         elif self.setup.engine_method in DRAFT_METHODS and drafter is not None:
+            if self.setup.defer_drafter_kv:
+                from adaptive_spec.vllm.deferred_kv import install_deferred_kv
+
+                self.deferred_kv = install_deferred_kv(drafter, patches, self.fault)
             orig_draft = drafter.propose
 
             def draft_propose(*a: Any, **kw: Any) -> Any:
@@ -256,7 +266,12 @@ def remove_worker_hooks(worker: Any) -> bool:
 def worker_counters(worker: Any) -> WorkerCounters:
     """This rank's shortcut counters (zeros without hooks)."""
     hooks = getattr(_inner(worker), _HOOKS_ATTR, None)
-    return WorkerCounters(**hooks.counts) if hooks is not None else WorkerCounters()
+    if hooks is None:
+        return WorkerCounters()
+    kv = hooks.deferred_kv
+    return WorkerCounters(
+        **hooks.counts, drafter_kv_deferred_steps=kv.deferred_steps if kv is not None else 0
+    )
 
 
 def runner_report(model_runner_output: Any) -> RunnerReport | None:
@@ -281,6 +296,8 @@ class WorkerLink:
         ``f() -> bool``: whether the next decision needs any request's rows.
     every : callable
         ``f() -> bool``: whether every drafted request's rows are wanted (trace diagnostics).
+    defer_drafter_kv : bool
+        Defer an EAGLE head's KV-cache pass on every rank (:mod:`adaptive_spec.vllm.deferred_kv`).
 
     Raises
     ------
@@ -295,10 +312,12 @@ class WorkerLink:
         argmax_wanted: Callable[[str], bool],
         any_wanted: Callable[[], bool],
         every: Callable[[], bool],
+        defer_drafter_kv: bool = False,
     ) -> None:
         self.core = core
         self.executor = core.model_executor
         self.engine_method = engine_method
+        self.defer_drafter_kv = defer_drafter_kv
         self._wanted = argmax_wanted
         self._any = any_wanted
         self._every = every
@@ -308,7 +327,7 @@ class WorkerLink:
         """Install the workers' hooks and wrap the executor's ``execute_model`` (through ``patches``;
         :meth:`remove` takes the workers' hooks away)."""
         done = self.executor.collective_rpc(
-            install_worker_hooks, args=(WorkerSetup(self.engine_method),)
+            install_worker_hooks, args=(WorkerSetup(self.engine_method, self.defer_drafter_kv),)
         )
         self.ranks = len(done) if isinstance(done, list) else 1
         orig_execute = self.executor.execute_model
