@@ -102,9 +102,6 @@ def build_llm(
         Required with ``method="draft_model"``.
     kv_cache_gib : float
         KV-cache size in GiB (SmolLM2-135M needs about 23 KB per token in bf16).
-    **kwargs
-        More ``vllm.LLM`` arguments. With a drafter (``draft_model``, ``eagle3``) on a CPU,
-        ``async_scheduling`` defaults to False (the scheduler thread slows the model down there).
     speculative_extra : dict, optional
         More keys of vLLM's ``speculative_config`` (say ``num_speculative_tokens_per_batch_size``, vLLM's
         batch-size table); refused with ``method=None``.
@@ -149,15 +146,6 @@ def build_llm(
         spec["model"] = str(draft_model)
     if spec is not None and speculative_extra:
         spec.update(speculative_extra)
-    if method in ("draft_model", "eagle", "eagle3") and "async_scheduling" not in kwargs:
-        from vllm.platforms import current_platform
-
-        if current_platform.is_cpu():
-            # vLLM schedules the next step while the model runs when it can (not with n-gram
-            # speculation). On a CPU the scheduler thread, with the controller's decision in it, then
-            # competes with the model's threads: a head engine at k = 0 ran 40-44 tokens/s with it and
-            # 62-65 without on mixed prompts at 4 requests, 2 cores (docs/drafts.md).
-            kwargs["async_scheduling"] = False
     llm = LLM(
         model=str(model),
         dtype=dtype,
