@@ -156,9 +156,8 @@ class StepHooks:
         self.lora = lora
         self.category_of = category_of
         self.defer_drafter_kv = defer_drafter_kv
-        self.deferred_kv: Any = (
-            None  # adaptive_spec.vllm.deferred_kv.DeferredDrafterKV, if installed
-        )
+        # adaptive_spec.vllm.deferred_kv.DeferredDrafterKV, if installed
+        self.deferred_kv: Any = None
         self.clock = StepClock()
         self.calibration: Any = None
         self.plain_sampler_steps = 0
