@@ -142,7 +142,8 @@ def add_parser(sub: Any) -> None:
         metavar="DIR",
         help="eagle3: reuse the cached data and target hidden states of an earlier run's checkpoint "
         "directory DIR (same --data, --prompts, --skip, --eval-prompts, --seq-len and --generator), "
-        "e.g. to train adapters on the data of the head's own run without another target pass",
+        "e.g. to train adapters on the data of the head's own run without another target pass; with "
+        "--generator none the --data counts and --prompts may grow: only the new sequences are labelled",
     )
     a("--lora-rank", type=int, default=16, help="LoRA rank r (default 16)")
     a("--lora-alpha", type=float, default=32.0, help="LoRA alpha; scale = alpha / r (default 32)")
@@ -446,9 +447,16 @@ _FEATURE_SETTINGS = (
 _FEATURE_FILES = ("data.npz", "features.pt")
 
 
+def _source_names(data: list[str]) -> list[str]:
+    """The source names of ``--data`` entries, without their counts."""
+    return [d.rsplit(":", 1)[0] if d.rsplit(":", 1)[-1].isdigit() else d for d in data]
+
+
 def reuse_features(src: Path, ckpt_dir: Path, cfg: DistillConfig) -> None:
     """Link (or copy) an earlier eagle3 run's cached data and hidden states from ``src`` into
-    ``ckpt_dir``, where absent.
+    ``ckpt_dir``, where absent. With reference replies (``--generator none``) on both sides, the
+    sources' counts (``--data``, ``--prompts``) may differ: the target then labels only the training
+    sequences the earlier run did not have (:func:`.eagle3_data.build_features` reuses by content).
 
     Raises
     ------
@@ -466,6 +474,12 @@ def reuse_features(src: Path, ckpt_dir: Path, cfg: DistillConfig) -> None:
         ) from None
     new = asdict(cfg)
     diff = [k for k in _FEATURE_SETTINGS if old.get(k) != new[k]]
+    if old.get("generator") == new["generator"] == "none" and _source_names(
+        old.get("data") or []
+    ) == _source_names(new["data"]):
+        # With reference replies the cache holds the held-out replies of the same sources, and the
+        # training sequences are labelled by content: the common ones are reused, new ones labelled.
+        diff = [k for k in diff if k not in ("data", "prompts")]
     if diff:
         raise ValueError(
             f"--features-from={str(src)!r} was written with other data settings ("

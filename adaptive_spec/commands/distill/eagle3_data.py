@@ -77,6 +77,57 @@ class Features:
         return self.feats[a:b], self.labels[a:b], self.tokens[a:b], self.reply_from[i]
 
 
+def _cache_key(ids: Any, reply_from: int) -> bytes:
+    """A cached sequence's identity: its windowed token ids and where its reply starts."""
+    return np.asarray(ids, dtype=np.int64).tobytes() + int(reply_from).to_bytes(4, "little")
+
+
+def _save_features(f: Features, layers: Sequence[int], path: Path) -> None:
+    """Write ``f`` to ``path`` atomically (a temporary file renamed into place)."""
+    import torch
+
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    torch.save(
+        {
+            "feats": f.feats,
+            "labels": f.labels,
+            "tokens": f.tokens,
+            "starts": f.starts,
+            "reply_from": f.reply_from,
+            "layers": list(layers),
+        },
+        tmp,
+    )
+    os.replace(tmp, path)
+
+
+def _load_cache(path: Path, layers: Sequence[int], width: int) -> tuple[Features, list[bytes]]:
+    """A feature cache and the :func:`_cache_key` of each of its sequences.
+
+    Raises
+    ------
+    ValueError
+        For a cache of other fused layers or another hidden width (another target's).
+    """
+    import torch
+
+    got = torch.load(path, weights_only=True)
+    if list(got.get("layers", layers)) != list(layers) or got["feats"].shape[1] != width:
+        raise ValueError(
+            f"feature cache {path} holds layers {list(got.get('layers', []))} of width "
+            f"{got['feats'].shape[1]}; this target needs layers {list(layers)} of width {width}: "
+            "it was written for another target; delete it to rebuild"
+        )
+    f = Features(
+        got["feats"], got["labels"], got["tokens"], list(got["starts"]), list(got["reply_from"])
+    )
+    keys = []
+    for i in range(len(f)):
+        _, _, tok, reply_from = f.sequence(i)
+        keys.append(_cache_key(tok.numpy(), reply_from))
+    return f, keys
+
+
 def build_features(
     target: Any,
     seqs: Sequence[TokenSequence],
@@ -85,58 +136,87 @@ def build_features(
     device: str = "cpu",
     path: Path | None = None,
     progress: bool = True,
+    save_every_s: float = 300.0,
 ) -> Features:
     """Run the target over each sequence's last ``seq_len`` tokens and keep its fused-layer hidden states
-    and greedy next tokens (cached at ``path`` when given: reloaded if present, else written atomically).
+    and greedy next tokens.
+
+    With ``path``, the features are cached there (written atomically). A sequence already in the
+    cache (same windowed tokens and reply start) is not run again, so a run with more data labels only
+    the new sequences, and an interrupted labelling resumes: the sequences done so far are written
+    every ``save_every_s`` seconds. The finished cache holds ``seqs`` in order.
 
     Raises
     ------
     ValueError
-        For a cache file that does not match ``seqs`` (another run's): delete it to rebuild.
+        For a cache written for another target (other fused layers or width): delete it to rebuild.
     """
+    import time
+
     import torch
     from tqdm.auto import tqdm
 
     from .sequences import window
 
-    if path is not None and path.exists():
-        got = torch.load(path, weights_only=True)
-        if len(got["starts"]) != len(seqs) + 1:
-            raise ValueError(
-                f"feature cache {path} holds {len(got['starts']) - 1} sequences, the run has "
-                f"{len(seqs)}: delete it to rebuild"
-            )
-        return Features(
-            got["feats"], got["labels"], got["tokens"], list(got["starts"]), list(got["reply_from"])
-        )
     layers = aux_layers(int(target.config.num_hidden_layers))
-    feats, labels, tokens, starts, reply_from = [], [], [], [0], []
-    for s in tqdm(seqs, desc="target hidden states", disable=not progress):
-        ids, reply = window(s, seq_len)
+    width = 3 * int(target.config.hidden_size)
+    wins = [window(s, seq_len) for s in seqs]
+    keys = [_cache_key(ids, max(reply - 1, 0)) for ids, reply in wins]
+    cache: dict[bytes, tuple[Any, Any]] = {}
+    if path is not None and path.exists():
+        old, old_keys = _load_cache(path, layers, width)
+        if old_keys == keys:
+            return old  # the cache is exactly this run's
+        for i, k in enumerate(old_keys):
+            x, lab, _, _ = old.sequence(i)
+            cache[k] = (x, lab)
+    todo, seen = [], set(cache)
+    for i, k in enumerate(keys):
+        if k not in seen:
+            seen.add(k)
+            todo.append(i)
+
+    def assemble(order: Sequence[bytes]) -> Features:
+        parts = [(k, *cache[k]) for k in order]
+        starts = [0]
+        for _, x, _ in parts:
+            starts.append(starts[-1] + x.shape[0])
+        if not parts:
+            return Features(
+                torch.zeros(0, width, dtype=torch.bfloat16), torch.zeros(0, dtype=torch.int64),
+                torch.zeros(0, dtype=torch.int64), [0], [],
+            )  # fmt: skip
+        tokens = [
+            torch.from_numpy(np.frombuffer(k[:-4], dtype=np.int64).copy()) for k, _, _ in parts
+        ]
+        return Features(
+            torch.cat([x for _, x, _ in parts]),
+            torch.cat([lab for _, _, lab in parts]),
+            torch.cat(tokens),
+            starts,
+            [int.from_bytes(k[-4:], "little") for k, _, _ in parts],
+        )
+
+    last_save = time.monotonic()
+    bar = tqdm(todo, desc="target hidden states", disable=not progress)
+    if cache:
+        bar.set_postfix(cached=sum(k in cache for k in keys))
+    for i in bar:
+        ids, _ = wins[i]
         x = torch.as_tensor(ids, dtype=torch.int64, device=device)[None]
         with torch.no_grad():
             out = target(input_ids=x, output_hidden_states=True)
         hs = out.hidden_states
-        feats.append(torch.cat([hs[i][0] for i in layers], dim=-1).to("cpu", torch.bfloat16))
-        labels.append(out.logits[0].argmax(-1).to("cpu", torch.int64))
-        tokens.append(x[0].cpu())
-        starts.append(starts[-1] + x.shape[1])
-        reply_from.append(max(reply - 1, 0))
-    f = Features(torch.cat(feats), torch.cat(labels), torch.cat(tokens), starts, reply_from)
-    if path is not None:
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        torch.save(
-            {
-                "feats": f.feats,
-                "labels": f.labels,
-                "tokens": f.tokens,
-                "starts": f.starts,
-                "reply_from": f.reply_from,
-                "layers": list(layers),
-            },
-            tmp,
+        cache[keys[i]] = (
+            torch.cat([hs[j][0] for j in layers], dim=-1).to("cpu", torch.bfloat16),
+            out.logits[0].argmax(-1).to("cpu", torch.int64),
         )
-        os.replace(tmp, path)
+        if path is not None and time.monotonic() - last_save > save_every_s:
+            _save_features(assemble(list(cache)), layers, path)
+            last_save = time.monotonic()
+    f = assemble(keys)
+    if path is not None:
+        _save_features(f, layers, path)
     return f
 
 
