@@ -56,7 +56,7 @@ from .config import GENERATORS, TEACHERS, DistillConfig, check_resume
 from .data import prepare_data, prepare_reference_data
 from .evaluation import evaluate, format_report
 from .loss import LOSSES
-from .prompts import EXTRA_SOURCES
+from .prompts import EXTRA_SOURCES, parse_sources
 from .sequences import TokenSequence, usable
 from .student import build_student
 from .teacher import build_teacher_cache, load_target
@@ -447,11 +447,6 @@ _FEATURE_SETTINGS = (
 _FEATURE_FILES = ("data.npz", "features.pt")
 
 
-def _source_names(data: list[str]) -> list[str]:
-    """The source names of ``--data`` entries, without their counts."""
-    return [d.rsplit(":", 1)[0] if d.rsplit(":", 1)[-1].isdigit() else d for d in data]
-
-
 def reuse_features(src: Path, ckpt_dir: Path, cfg: DistillConfig) -> None:
     """Link (or copy) an earlier eagle3 run's cached data and hidden states from ``src`` into
     ``ckpt_dir``, where absent. With reference replies (``--generator none``) on both sides, the
@@ -474,9 +469,8 @@ def reuse_features(src: Path, ckpt_dir: Path, cfg: DistillConfig) -> None:
         ) from None
     new = asdict(cfg)
     diff = [k for k in _FEATURE_SETTINGS if old.get(k) != new[k]]
-    if old.get("generator") == new["generator"] == "none" and _source_names(
-        old.get("data") or []
-    ) == _source_names(new["data"]):
+    names = [[n for n, _ in parse_sources(d, 1)] for d in (old.get("data") or [], new["data"])]
+    if old.get("generator") == new["generator"] == "none" and names[0] == names[1]:
         # With reference replies the cache holds the held-out replies of the same sources, and the
         # training sequences are labelled by content: the common ones are reused, new ones labelled.
         diff = [k for k in diff if k not in ("data", "prompts")]
