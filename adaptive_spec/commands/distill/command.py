@@ -4,6 +4,8 @@ With ``--student eagle3`` it trains an EAGLE-3 head (Li et al. 2025): one decode
 target's hidden states after three of its layers, with a reduced draft vocabulary, trained with
 training-time test on the target's greedy tokens (``adaptive_spec.commands.distill.eagle3_command``;
 vLLM loads it as ``method: "eagle3"``). This is what the ``draft`` proposer runs by default.
+``--init-from HEAD`` starts from a stored head (its weights and draft vocabulary) instead, e.g. to
+fine-tune the shipped head on the target's own replies.
 
 With ``--student layer-cut`` (the default) the draft is a layer cut of the target (:mod:`adaptive_spec.vllm.drafts`): ``n`` decoder layers initialised
 from the target's first ``n``, trained, with the target's embedding, final norm and tied LM head frozen
@@ -145,6 +147,14 @@ def add_parser(sub: Any) -> None:
         "e.g. to train adapters on the data of the head's own run without another target pass; with "
         "--generator none the --data counts and --prompts may grow: only the new sequences are labelled",
     )
+    a(
+        "--init-from",
+        default=None,
+        metavar="HEAD_DIR",
+        help="eagle3: start from this stored head (its weights and its draft vocabulary) instead of "
+        "from the target's layers, e.g. to fine-tune the shipped head on the target's own replies "
+        "(--generator vllm); the report then also gives that head's held-out acceptance",
+    )
     a("--lora-rank", type=int, default=16, help="LoRA rank r (default 16)")
     a("--lora-alpha", type=float, default=32.0, help="LoRA alpha; scale = alpha / r (default 32)")
     a("--steps", type=int, default=300, help="optimiser steps (default 300)")
@@ -265,6 +275,11 @@ def _check_args(args: argparse.Namespace) -> None:
                 f"--features-from={args.features_from!r} is not a directory; give the checkpoint "
                 "directory of an earlier eagle3 run"
             )
+    if args.init_from is not None and (args.student != "eagle3" or args.lora is not None):
+        raise ValueError(
+            f"--init-from={args.init_from!r} starts an EAGLE-3 head from a stored one: it needs "
+            "--student eagle3 and no --lora (an adapter's base head is --draft)"
+        )
     if args.student == "eagle3" and args.generator == "hf":
         raise ValueError("--student eagle3 needs --generator vllm or none")
     if args.lora is not None:
@@ -308,6 +323,7 @@ def _config(args: argparse.Namespace, target_dir: Path, draft_dir: Path | None) 
         student=args.student,
         draft_vocab=args.draft_vocab,
         ttt_steps=args.ttt_steps,
+        init_from=str(Path(args.init_from).resolve()) if args.init_from else None,
     )
 
 

@@ -63,11 +63,14 @@ class DistillConfig:
     student: str = "layer-cut"
     draft_vocab: int = 8192
     ttt_steps: int = 4
+    init_from: str | None = None
 
     def run_id(self) -> str:
         keep = asdict(self)
         keep.pop("device")
         keep.pop("save_every")
+        if keep["init_from"] is None:  # runs from before the setting keep their directories
+            keep.pop("init_from")
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -268,7 +268,9 @@ def prepare_data(
 
         llm = build_llm(
             cfg.target,
-            dtype="bfloat16",
+            # an EAGLE-3 head reads the target's hidden states in the serving dtype ("auto"), so its
+            # training replies come from that dtype too; the layer-cut pipeline's target is bf16
+            dtype="auto" if cfg.student == "eagle3" else "bfloat16",
             max_k=4,
             concurrency=cfg.gen_batch_size,
             max_model_len=cfg.max_prompt_tokens + cfg.max_new_tokens + 8,

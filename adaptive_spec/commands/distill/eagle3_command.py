@@ -3,7 +3,9 @@
 From data to stored head: the sequences (the target's own replies from vLLM, or reference replies
 with ``--generator none``), one target pass for the fused-layer hidden states and greedy tokens
 (:mod:`.eagle3_data`, cached), the draft vocabulary, the head (its LM head and final norm initialised
-from the target's tied embedding and final norm over the draft vocabulary), training-time-test training
+from the target's tied embedding and final norm over the draft vocabulary; or, with ``--init-from``, a
+stored head with its own draft vocabulary, whose held-out acceptance is then reported before training
+too), training-time-test training
 (:mod:`.eagle3_train`, resumable) and the held-out report: acceptance by draft position and mean
 accepted length at k = 1..4 per category. The head is stored with :func:`adaptive_spec.vllm.eagle3.save_head`.
 """
@@ -134,24 +136,36 @@ def run_eagle3(
     reply_labels = np.concatenate(
         [feats.sequence(i)[1][feats.sequence(i)[3] + 1 :].numpy() for i in train_idx]
     )
-    draft_ids, coverage = draft_vocabulary(reply_labels, vocab, cfg.draft_vocab)
+    settings = head_settings(cfg, cfg.autocast and bf16)
+    init: dict[str, Any] = {}
+    if cfg.init_from is not None:
+        from .eagle3_lora import load_stored_head
+
+        try:
+            head, spec = load_stored_head(target, cfg.init_from)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"adaptive-spec distill: error: --init-from: {e}")
+            return 2
+        draft_ids = (torch.arange(len(head.d2t)) + head.d2t).numpy()
+        coverage = float(np.isin(reply_labels, draft_ids).mean())
+        init = {"name": spec.name, "weights_sha256": spec.weights_sha256}
+    else:
+        draft_ids, coverage = draft_vocabulary(reply_labels, vocab, cfg.draft_vocab)
+        head = Eagle3Head.from_target(target, torch.as_tensor(draft_ids))
     t2d = torch.as_tensor(target_to_draft(draft_ids, vocab))
     print(
         f"data: {len(train)} training sequences ({len(feats.labels)} tokens with the held-out), "
         f"draft vocabulary {len(draft_ids)} tokens covering {coverage:.1%} of the target's reply tokens"
+        + (f"; starting from head {init['name']!r}" if init else "")
     )
-    head = Eagle3Head.from_target(target, torch.as_tensor(draft_ids))
-    settings = head_settings(cfg, cfg.autocast and bf16)
+    eval_kw = {"k_max": K_MAX, "autocast": settings.autocast}
+    before = evaluate_head(head, feats, held_idx, cats, t2d, **eval_kw) if init and held_idx else {}
     try:
         result = train_head(head, feats, train_idx, t2d, settings, ckpt_dir, progress=progress)
     except KeyboardInterrupt:
         print(f"\ninterrupted: checkpoint kept in {ckpt_dir}; rerun the same command to resume")
         return 130
-    report = (
-        evaluate_head(head, feats, held_idx, cats, t2d, k_max=K_MAX, autocast=settings.autocast)
-        if held_idx
-        else {}
-    )
+    report = evaluate_head(head, feats, held_idx, cats, t2d, **eval_kw) if held_idx else {}
     curve = result.pop("history")
     training = {
         "data": cfg.data,
@@ -164,7 +178,11 @@ def run_eagle3(
         "seq_len": cfg.seq_len,
         **{k: result[k] for k in ("steps_done", "seconds", "loss", "agree")},
         "curve": curve_record(curve),
+        **({"init_from": init} if init else {}),
     }
+    measured = {"held_out": {c: st.as_dict() for c, st in report.items()}}
+    if before:
+        measured["held_out_init"] = {c: st.as_dict() for c, st in before.items()}
     save_head(
         head.head_state_dict(),
         out,
@@ -174,7 +192,7 @@ def run_eagle3(
         embed_sha256=tensor_sha256(target.model.embed_tokens.weight),
         lm_head_sha256=tensor_sha256(target.lm_head.weight),
         training=training,
-        measured={"held_out": {c: st.as_dict() for c, st in report.items()}},
+        measured=measured,
     )
     from adaptive_spec.commands.plots import plot_head_training
 
@@ -182,7 +200,10 @@ def run_eagle3(
     (ckpt_dir / "report.json").write_text(
         json.dumps({c: st.as_dict() for c, st in report.items()}, indent=1)
     )
-    print()
+    if before:
+        print(f"\nheld out, head {init['name']!r} before training:")
+        print(format_head_report(before))
+    print("\nheld out, trained:" if before else "")
     print(format_head_report(report))
     print(f"\nwrote {out}; training curve: {plot}")
     return 0
