@@ -224,18 +224,41 @@ def prepare_data(
     target: Any = None,
     tok: Any = None,
     held_only: bool = False,
+    in_process: bool = False,
 ) -> list[TokenSequence]:
     """Prompts -> target continuations (held-out prompts greedy, training prompts at
     ``cfg.gen_temperature``, ``cfg.samples`` each; with ``held_only`` the held-out ones alone, from
     vLLM), cached in ``ckpt_dir/data.npz`` and resumable per batch from ``data.partial.npz``.
 
-    With ``cfg.generator == "vllm"`` an in-process vLLM engine serves the target (n-gram speculation,
-    which changes no emitted token, speeds it up); with ``"hf"`` the transformers ``target`` and
-    ``tok`` generate.
+    With ``cfg.generator == "vllm"`` a vLLM engine serves the target (n-gram speculation, which changes
+    no emitted token, speeds it up). With a ``ckpt_dir`` (and not ``in_process``) it runs in a spawned
+    process of its own: vLLM's CPU backend leaves its thread binding and worker threads in the process
+    that ran it, where they made the target's next pass (the feature labelling) 2.6x slower. With
+    ``"hf"`` the transformers ``target`` and ``tok`` generate.
+
+    Raises
+    ------
+    RuntimeError
+        If the generating process fails (its exit code named; a rerun resumes from the partial file).
     """
     final = ckpt_dir / "data.npz" if ckpt_dir is not None else None
     partial = ckpt_dir / "data.partial.npz" if ckpt_dir is not None else None
     if final is not None and final.exists():
+        return load_sequences(final)
+    if (cfg.generator == "vllm" or held_only) and final is not None and not in_process:
+        import multiprocessing
+
+        proc = multiprocessing.get_context("spawn").Process(
+            target=_prepare_in_child, args=(cfg, ckpt_dir, progress, held_only)
+        )
+        proc.start()
+        proc.join()
+        if proc.exitcode != 0 or not final.exists():
+            raise RuntimeError(
+                f"generating the target's replies failed in its own process (exit code "
+                f"{proc.exitcode}; its error is printed above); rerun the same command to resume "
+                f"from {partial}"
+            )
         return load_sequences(final)
     prompts = load_prompts(
         cfg.data, cfg.prompts, eval_n=cfg.eval_prompts, skip=cfg.skip, seed=cfg.seed
@@ -310,6 +333,12 @@ def prepare_data(
         if partial is not None and partial.exists():
             partial.unlink()
     return seqs
+
+
+def _prepare_in_child(
+    cfg: DistillConfig, ckpt_dir: Path, progress: bool, held_only: bool
+) -> None:  # the spawned process of :func:`prepare_data`
+    prepare_data(cfg, ckpt_dir, progress=progress, held_only=held_only, in_process=True)
 
 
 def prepare_reference_data(
