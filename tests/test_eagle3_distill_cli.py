@@ -80,3 +80,7 @@ def test_init_from_is_refused_where_it_cannot_apply(tmp_path, capsys):
     for extra in (["--student", "layer-cut"], ["--student", "eagle3", "--lora", "code"]):
         assert main(["distill", "--out", str(tmp_path / "o"), "--init-from", "h", *extra]) == 2
         assert "--init-from='h' starts an EAGLE-3 head from a stored one" in capsys.readouterr().out
+    # checked before any data is generated: a path that is not a stored head
+    argv = ["distill", "--student", "eagle3", "--out", str(tmp_path / "o"), "--init-from"]
+    assert main([*argv, str(tmp_path)]) == 2
+    assert "holds no head.json: give a stored EAGLE-3 head" in capsys.readouterr().out

@@ -280,6 +280,11 @@ def _check_args(args: argparse.Namespace) -> None:
             f"--init-from={args.init_from!r} starts an EAGLE-3 head from a stored one: it needs "
             "--student eagle3 and no --lora (an adapter's base head is --draft)"
         )
+    if args.init_from is not None and not (Path(args.init_from) / "head.json").is_file():
+        raise ValueError(
+            f"--init-from={args.init_from!r} holds no head.json: give a stored EAGLE-3 head, the "
+            "--out of an earlier distill --student eagle3 run"
+        )
     if args.student == "eagle3" and args.generator == "hf":
         raise ValueError("--student eagle3 needs --generator vllm or none")
     if args.lora is not None:
