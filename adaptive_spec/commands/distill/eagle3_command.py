@@ -146,7 +146,7 @@ def run_eagle3(
         except (ValueError, FileNotFoundError) as e:
             print(f"adaptive-spec distill: error: --init-from: {e}")
             return 2
-        draft_ids = (torch.arange(len(head.d2t)) + head.d2t).numpy()
+        draft_ids = head.draft_ids().numpy()
         coverage = float(np.isin(reply_labels, draft_ids).mean())
         init = {"name": spec.name, "weights_sha256": spec.weights_sha256}
     else:
@@ -258,7 +258,7 @@ def train_adapter(
         print(f"adaptive-spec distill: error: {e}")
         return 2
     vocab = int(target.config.vocab_size)
-    draft_ids = (torch.arange(len(head.d2t)) + head.d2t).numpy()
+    draft_ids = head.draft_ids().numpy()
     t2d = torch.as_tensor(target_to_draft(draft_ids, vocab))
     print(
         f"adapter {cfg.lora!r} on head {spec.name!r}: {len(idx)} training sequences of {domain!r}, "

@@ -180,6 +180,10 @@ class Eagle3Head(nn.Module):
         head.lm_head.weight.requires_grad_(False)
         return head
 
+    def draft_ids(self) -> torch.Tensor:
+        """int64 [draft_vocab]: the target id of each draft id (ascending)."""
+        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+
     def head_state_dict(self) -> dict[str, torch.Tensor]:
         """The tensors a stored head holds, by their EAGLE-3 names: not the embedding and not the LM
         head, which are the target's (its output embedding's draft-vocabulary rows)."""
