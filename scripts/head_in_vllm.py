@@ -34,6 +34,11 @@ def _args() -> argparse.Namespace:
     a("--max-tokens", type=int, default=128, help="tokens per reply (default 128)")
     a("--repeats", type=int, default=1, help="repeats (default 1: greedy acceptance is the same)")
     a("--eager", action="store_true", help="build the engine with enforce_eager")
+    a(
+        "--no-lora-sites",
+        action="store_true",
+        help="build the drafter without LoRA sites: adapted passes then run eagerly (the fallback)",
+    )
     a("--out", default="head_in_vllm.json", help="JSON results (default head_in_vllm.json)")
     return ap.parse_args()
 
@@ -91,6 +96,7 @@ def main() -> None:
         method="eagle3",
         draft_model=head,
         enforce_eager=args.eager,
+        lora_sites=not args.no_lora_sites,
     )
     tok = llm.get_tokenizer()
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]

@@ -370,11 +370,11 @@ def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
                 for part in fused.split("."):
                     mod = getattr(mod, part)
                 x = torch.randn(len(names), mgr.shapes[fused][0])
-                mgr._indices = None
+                mgr._plan(None)
                 base = mod(x)[0].clone()
-                mgr._indices = idx
+                mgr._plan([(int(i), 1) for i in idx])
                 got = mod(x)[0]
-                mgr._indices = None
+                mgr._plan(None)
                 for t, n in enumerate(names):
                     want = base[t].clone()
                     if n is not None:

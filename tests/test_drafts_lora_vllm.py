@@ -233,11 +233,11 @@ def test_hooks_match_dense_reference(engine, adapters):
                     mod = getattr(mod, part)
                 d_in = mgr.shapes[fused][0]
                 x = torch.randn(len(idx), d_in)
-                mgr._indices = None
+                mgr._plan(None)
                 base = mod(x)[0].clone()
-                mgr._indices = idx
+                mgr._plan([(int(i), 1) for i in idx])
                 got = mod(x)[0]
-                mgr._indices = None
+                mgr._plan(None)
                 for t, n in enumerate(names):
                     want = base[t].clone()
                     if n is not None:

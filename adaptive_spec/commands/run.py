@@ -422,6 +422,8 @@ def build_engine(
         method=method,
         draft_model=args.draft_model if speculative else None,
         seed=args.seed,
+        # lora:<name> arms: the adapters run inside the drafter's compiled pass
+        lora_sites=speculative and any(p.startswith("lora:") for p in proposers),
     )
 
 

@@ -4,9 +4,10 @@ On an engine built with a draft model, vLLM runs the draft model once per step f
 request, whatever the controller plays: that pass is a fixed part of the step, outside the
 step-cost table (which prices the target's verification) and outside the controller's decisions.
 LoRA adapters on the drafter (:class:`~adaptive_spec.vllm.lora_draft.LoraDraftManager`) change that: a
-pass in which some request uses an adapter runs the draft eagerly with the adapters' hooks, which
-on 2 CPU cores in float32 at batch 4 cost 44-67 ms more than the plain compiled pass (85-96 ms).
-An engine without the adapters (the baseline an operator would otherwise run) never pays it.
+pass in which some request uses an adapter costs more than a plain one (inside the compiled pass on an
+engine built with LoRA sites: about 1.2-1.3x for the shipped EAGLE-3 head on 2 CPU cores; eagerly on
+any other engine: about 1.6x). An engine without the adapters (the baseline an operator would
+otherwise run) never pays it.
 
 :class:`DrafterCost` keeps moving averages of both kinds of pass, so that
 

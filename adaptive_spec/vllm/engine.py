@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,7 @@ def build_llm(
     enable_prefix_caching: bool = True,
     kv_cache_gib: float = 1.0,
     speculative_extra: dict[str, Any] | None = None,
+    lora_sites: bool = False,
     **kwargs: Any,
 ) -> Any:
     """Build a ``vllm.LLM`` whose engine core runs in this process, with speculative decoding.
@@ -105,6 +107,10 @@ def build_llm(
     speculative_extra : dict, optional
         More keys of vLLM's ``speculative_config`` (say ``num_speculative_tokens_per_batch_size``, vLLM's
         batch-size table); refused with ``method=None``.
+    lora_sites : bool
+        Build the drafter with LoRA sites (:mod:`adaptive_spec.vllm.lora_sites`), so that the adapters
+        of ``lora:<name>`` arms run inside its compiled pass; without them an adapted pass runs eagerly.
+        Needs ``draft_model``.
 
     Raises
     ------
@@ -117,6 +123,10 @@ def build_llm(
         raise ValueError(f"concurrency={concurrency!r} is invalid; allowed: an integer >= 1")
     if method not in ENGINE_METHODS:
         raise ValueError(f"method={method!r} is invalid; allowed: ngram, draft_model, eagle3, None")
+    if lora_sites and method not in ("draft_model", "eagle3"):
+        raise ValueError(
+            f"lora_sites=True needs a drafter (method='eagle3' or 'draft_model'); got method={method!r}"
+        )
     if speculative_extra and method is None:
         raise ValueError("speculative_extra needs a method; allowed with ngram or draft_model")
     if method in ("draft_model", "eagle3"):
@@ -146,19 +156,22 @@ def build_llm(
         spec["model"] = str(draft_model)
     if spec is not None and speculative_extra:
         spec.update(speculative_extra)
-    llm = LLM(
-        model=str(model),
-        dtype=dtype,
-        max_model_len=max_model_len,
-        max_num_seqs=concurrency,
-        seed=seed,
-        speculative_config=spec,
-        enable_prefix_caching=enable_prefix_caching,
-        # A fixed KV-cache size: vLLM's CPU backend otherwise reserves a fraction of the NUMA node's memory
-        # and refuses to start when other processes hold some of it.
-        kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)),
-        **kwargs,
-    )
+    from adaptive_spec.vllm.lora_sites import lora_sites as sites
+
+    with sites() if lora_sites else contextlib.nullcontext():
+        llm = LLM(
+            model=str(model),
+            dtype=dtype,
+            max_model_len=max_model_len,
+            max_num_seqs=concurrency,
+            seed=seed,
+            speculative_config=spec,
+            enable_prefix_caching=enable_prefix_caching,
+            # A fixed KV-cache size: vLLM's CPU backend otherwise reserves a fraction of the NUMA node's
+            # memory and refuses to start when other processes hold some of it.
+            kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)),
+            **kwargs,
+        )
     from adaptive_spec.vllm.cpu_fixes import fix_cpu_expand_kernel
     from adaptive_spec.vllm.sampling import fix_recovered_token_sampling
 

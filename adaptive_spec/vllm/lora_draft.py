@@ -6,12 +6,23 @@ A LoRA adapter (Hu et al. 2022, "LoRA: Low-Rank Adaptation of Large Language Mod
 layers of the drafter inside an in-process vLLM 0.32 engine built with
 ``speculative_config={"method": "eagle3" | "draft_model", ...}`` (an EAGLE-3 head's one decoder layer,
 whose ``qkv_proj`` reads the 2 x hidden concatenation of token embedding and fused state, or a draft
-model's layers): forward hooks on the draft's fused linear layers
-(``qkv_proj``, ``o_proj``, ``gate_up_proj``, ``down_proj``) add every token's update through the batched
-multi-LoRA kernel :func:`adaptive_spec.kernels.lora_bgmv` (Punica's BGMV, Chen et al., MLSys 2024), with
-a per-token adapter index built from the batch's request -> adapter mapping. Requests of one batch may
-each use a different adapter, or none, in the same drafter pass; the target model is untouched, so
-verification, and thus the output, is the same whatever the adapters (greedy identity).
+model's layers), after each of the draft's fused linear layers (``qkv_proj``, ``o_proj``,
+``gate_up_proj``, ``down_proj``). Requests of one batch may each use a different adapter, or none, in the
+same drafter pass; the target model is untouched, so verification, and thus the output, is the same
+whatever the adapters (greedy identity).
+
+Where the update runs:
+
+* **inside the compiled pass** when the engine was built with LoRA sites
+  (``build_llm(lora_sites=True)``, :mod:`adaptive_spec.vllm.lora_sites`): the manager binds its adapters
+  to the sites, custom operators vLLM compiled into the drafter's graph;
+* otherwise through forward hooks the manager adds, and a pass in which some request uses an adapter
+  runs the draft eagerly (vLLM's ``do_not_compile``), since the compiled graph would skip the hooks.
+
+How it is computed: requests' tokens are contiguous in a drafter pass, so on the CPU each run of tokens
+that share an adapter gets two dense products, ``y[s:e] += scale * (x[s:e] @ A) @ B`` (Punica's SGMV
+form, Chen et al., MLSys 2024); elsewhere the per-token batched kernel
+:func:`adaptive_spec.kernels.lora_bgmv` (Punica's BGMV; Triton on a GPU).
 
 Fused layers are handled exactly: for ``qkv_proj`` the adapter's ``A_q, A_k, A_v`` are concatenated
 along the rank and ``B_q, B_k, B_v`` placed block-diagonally, so ``x @ [A_q A_k A_v] @ blockdiag(B)``
@@ -40,10 +51,11 @@ vLLM is :data:`~adaptive_spec.vllm.checks.SUPPORTED_VLLM` and refuses any other 
   between the compiled graph and eager execution);
 * the drafter's ``propose`` (one call per engine step, the first drafter pass of which makes the
   step's drafts) and ``build_per_group_and_layer_attn_metadata``, whose common attention metadata
-  gives the pass's ``num_reqs`` and ``query_start_loc_cpu`` (tokens per request).
+  gives the pass's ``num_reqs`` and ``query_start_loc_cpu`` (tokens per request, in the order of the
+  pass's tokens).
 
-Every change is made on instances (forward hooks on the layers, attributes shadowing the drafter's
-methods) and undone by :meth:`LoraDraftManager.detach`.
+Every change is made on instances (site bindings or forward hooks on the layers, attributes shadowing
+the drafter's methods) and undone by :meth:`LoraDraftManager.detach`.
 """
 
 from __future__ import annotations
@@ -53,6 +65,7 @@ from typing import Any
 
 import torch
 
+from adaptive_spec.vllm import lora_sites
 from adaptive_spec.vllm.checks import check_vllm_version
 from adaptive_spec.vllm.lora_adapter import (
     ADAPTER_FILE,
@@ -131,7 +144,9 @@ class LoraDraftManager:
     max_adapters : int
         Adapter slots.
     backend : {"auto", "torch", "triton"}
-        :func:`adaptive_spec.kernels.lora_bgmv` backend.
+        ``triton``: every pass through :func:`adaptive_spec.kernels.lora_bgmv`'s Triton kernel. Otherwise
+        dense products per run of tokens sharing an adapter on the CPU, and ``lora_bgmv`` (``auto``)
+        on other devices.
 
     Raises
     ------
@@ -143,12 +158,15 @@ class LoraDraftManager:
 
     Notes
     -----
-    A drafter pass in which some request uses an adapter runs the draft model eagerly (vLLM's
-    ``do_not_compile`` flag on the draft's decoder stack): a graph compiled before the hooks existed
-    would skip them. A pass in which no request uses one runs the compiled graph, as without the
-    manager (on 2 CPU cores in float32 at batch 4, the eager pass cost 8-30 ms more than the
-    compiled one's 85-96 ms, and the adapters another 36 ms). :attr:`last_pass_adapters` says
-    which kind the last pass was. :meth:`detach` restores everything.
+    On an engine built with LoRA sites (``build_llm(lora_sites=True)``) the adapters run inside the
+    drafter's compiled pass, which stays compiled whatever the adapters (:attr:`in_compiled_pass`). On
+    any other engine a drafter pass in which some request uses an adapter runs the draft model eagerly
+    (vLLM's ``do_not_compile`` flag on the draft's decoder stack), since a graph compiled before the
+    hooks existed would skip them; a pass in which no request uses one runs the compiled graph.
+    Measured on the shipped head (2 CPU cores, float32, batch 4, k = 4): the drafter's propose call took
+    10.6-10.9 ms without adapters, 13.1-13.8 ms with them inside the compiled pass and 16.6-16.9 ms
+    eagerly. :attr:`last_pass_adapters` says whether the last pass applied one. :meth:`detach` restores
+    everything.
 
     Examples
     --------
@@ -214,6 +232,10 @@ class LoraDraftManager:
         self._slots: dict[str, int] = {}
         self._adapters: dict[str, LoraAdapter] = {}
         self._scale = torch.zeros(max_adapters, dtype=torch.float32, device=self.device)
+        self._scale_of: dict[int, float] = {}
+        # Per-token BGMV (Triton, or off the CPU); else dense products per run of tokens.
+        self._per_token = backend == "triton" or self.device.type != "cpu"
+        self._sites = lora_sites.sites_of(inner)
         # Stacks per (layer, fused): A [S, d_in, P*max_rank], B [S, P*max_rank, sum d_out].
         self._a: dict[tuple[int, str], torch.Tensor] = {}
         self._b: dict[tuple[int, str], torch.Tensor] = {}
@@ -228,10 +250,14 @@ class LoraDraftManager:
                 )
         self._req_adapter: dict[str, str] = {}
         self._last_drafts_adapter: dict[str, str | None] = {}
+        # The current pass's plan: per-token slots (BGMV) or runs (start, end, slot, scale); None: none.
         self._indices: torch.Tensor | None = None
+        self._runs: list[tuple[int, int, int, float]] | None = None
         self._first_pass = False
-        #: Whether the drafter's last pass applied an adapter to some request (it then ran eagerly).
+        #: Whether the drafter's last pass applied an adapter to some request.
         self.last_pass_adapters = False
+        #: Whether adapters run inside the drafter's compiled pass (an engine built with LoRA sites).
+        self.in_compiled_pass = self._sites is not None and not self._compile_off
         self._handles: list[Any] = []
         self._patches = InstancePatches()
         self._attached = False
@@ -295,6 +321,7 @@ class LoraDraftManager:
         slot = free[0]
         self._write_slot(slot, ad)
         self._scale[slot] = ad.scale
+        self._scale_of[slot] = float(ad.scale)
         self._slots[name] = slot
         self._adapters[name] = ad
         return slot
@@ -317,6 +344,7 @@ class LoraDraftManager:
             self._a[key][slot].zero_()
             self._b[key][slot].zero_()
         self._scale[slot] = 0.0
+        self._scale_of.pop(slot, None)
         for rid in [r for r, a in self._req_adapter.items() if a == name]:
             del self._req_adapter[rid]
 
@@ -386,7 +414,7 @@ class LoraDraftManager:
             try:
                 return orig_propose(*args, **kwargs)
             finally:
-                mgr._indices = None
+                mgr._plan(None)
                 mgr._first_pass = False
 
         self._patches.set(
@@ -395,23 +423,38 @@ class LoraDraftManager:
             build_per_group_and_layer_attn_metadata,
         )
         self._patches.set(drafter, "propose", propose)
-        # Set per pass by _set_indices (eager only while an adapter applies); restored by detach.
-        self._patches.set(self._inner, "do_not_compile", self._compile_off)
-        for i, layer in enumerate(self._layers):
-            for fused in FUSED:
-                mod = _get(layer, fused)
-                self._handles.append(mod.register_forward_hook(self._hook(i, fused)))
+        if self._sites is not None:
+            # The sites are in the compiled graph: bind the adapters to them; the pass stays compiled.
+            try:
+                for (i, fused), site in self._sites.items():
+                    lora_sites.bind(site, self._site_fn(i, fused))
+            except BaseException:
+                self._unbind()
+                self._patches.restore()
+                raise
+        else:
+            # Set per pass by _set_indices (eager only while an adapter applies); restored by detach.
+            self._patches.set(self._inner, "do_not_compile", self._compile_off)
+            for i, layer in enumerate(self._layers):
+                for fused in FUSED:
+                    mod = _get(layer, fused)
+                    self._handles.append(mod.register_forward_hook(self._hook(i, fused)))
         self._attached = True
 
+    def _unbind(self) -> None:
+        for site in (self._sites or {}).values():
+            lora_sites.unbind(site)
+
     def detach(self) -> None:
-        """Remove the hooks and restore the drafter; idempotent."""
+        """Remove the hooks or site bindings and restore the drafter; idempotent."""
         if not self._attached:
             return
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self._unbind()
         self._patches.restore()
-        self._indices = None
+        self._plan(None)
         self._attached = False
 
     def __enter__(self) -> LoraDraftManager:
@@ -438,43 +481,85 @@ class LoraDraftManager:
                     self._last_drafts_adapter[r] = n
         used = any(names)
         self.last_pass_adapters = used
-        # The compiled graph skips the hooks: eager only while an adapter applies.
-        self._inner.do_not_compile = used or self._compile_off
+        if self._sites is None:
+            # The compiled graph skips the hooks: eager only while an adapter applies.
+            self._inner.do_not_compile = used or self._compile_off
         if not used:
-            self._indices = None
+            self._plan(None)
             return
-        slots = torch.tensor(
-            [self._slots[n] if n is not None else -1 for n in names], dtype=torch.int64
+        qsl = cad.query_start_loc_cpu[: bs + 1].tolist()
+        self._plan(
+            [
+                (self._slots[n] if n is not None else -1, qsl[i + 1] - qsl[i])
+                for i, n in enumerate(names)
+            ]
         )
-        qsl = cad.query_start_loc_cpu[: bs + 1].to(torch.int64)
-        counts = qsl[1:] - qsl[:-1]
-        self._indices = torch.repeat_interleave(slots, counts).to(self.device)
+
+    def _plan(self, runs: list[tuple[int, int]] | None) -> None:
+        """Set the adapters of the next pass's tokens: ``runs`` lists (slot, number of tokens) in token
+        order (slot -1: no adapter); None: no adapter for any token."""
+        self._indices = None
+        self._runs = None
+        if not runs or all(slot < 0 for slot, _ in runs):
+            return
+        if self._per_token:
+            slots = torch.tensor([slot for slot, _ in runs], dtype=torch.int64)
+            counts = torch.tensor([n for _, n in runs], dtype=torch.int64)
+            self._indices = torch.repeat_interleave(slots, counts).to(self.device)
+            return
+        merged: list[tuple[int, int, int, float]] = []
+        start = 0
+        for slot, n in runs:
+            end = start + int(n)
+            if slot >= 0 and end > start:
+                if merged and merged[-1][2] == slot and merged[-1][1] == start:
+                    merged[-1] = (merged[-1][0], end, slot, merged[-1][3])
+                else:
+                    merged.append((start, end, slot, self._scale_of[slot]))
+            start = end
+        self._runs = merged
+
+    def _apply(self, layer: int, fused: str, y: torch.Tensor, x: torch.Tensor) -> None:
+        """Add the planned adapters' updates of ``fused`` in decoder layer ``layer``: ``y`` [T, d_out]
+        in place, from ``x`` [T, d_in] (tokens past the plan get none)."""
+        a, b = self._a[layer, fused], self._b[layer, fused]
+        t = x.shape[0]
+        if self._runs is not None:
+            for start, end, slot, scale in self._runs:
+                if start >= t:
+                    break
+                end = min(end, t)
+                whole = start == 0 and end == t  # one run: no slicing
+                ys, xs = (y, x) if whole else (y[start:end], x[start:end])
+                if y.dtype == torch.float32:
+                    ys.addmm_(xs @ a[slot], b[slot], alpha=scale)
+                else:  # accumulate in float32, round once
+                    d = (xs.float() @ a[slot].float()) @ b[slot].float()
+                    ys.copy_(ys.float() + scale * d)
+            return
+        idx = self._indices
+        if idx is None:
+            return
+        from adaptive_spec.kernels import lora_bgmv
+
+        if idx.shape[0] < t:
+            idx = torch.cat(
+                [idx, torch.full((t - idx.shape[0],), -1, dtype=idx.dtype, device=idx.device)]
+            )
+        elif idx.shape[0] > t:
+            idx = idx[:t]
+        lora_bgmv(y, x, a, b, idx, self._scale, backend=self.backend)
+
+    def _site_fn(self, layer: int, fused: str) -> Any:
+        def fn(y: torch.Tensor, x: torch.Tensor) -> None:
+            self._apply(layer, fused, y, x)
+
+        return fn
 
     def _hook(self, layer: int, fused: str) -> Any:
         def hook(module: Any, inputs: tuple[Any, ...], output: Any) -> Any:
-            idx = self._indices
-            if idx is None:
-                return output
-            from adaptive_spec.kernels import lora_bgmv
-
-            x = inputs[0]
             y = output[0] if isinstance(output, tuple) else output
-            t = x.shape[0]
-            if idx.shape[0] < t:
-                idx = torch.cat(
-                    [idx, torch.full((t - idx.shape[0],), -1, dtype=idx.dtype, device=idx.device)]
-                )
-            elif idx.shape[0] > t:
-                idx = idx[:t]
-            lora_bgmv(
-                y,
-                x,
-                self._a[layer, fused],
-                self._b[layer, fused],
-                idx,
-                self._scale,
-                backend=self.backend,
-            )
+            self._apply(layer, fused, y, inputs[0])
             return output
 
         return hook

@@ -50,6 +50,7 @@ def build_engine(spec: dict[str, Any]) -> Any:
             spec.get("model"),
             method="draft_model",
             draft_model=spec["draft_model"],
+            lora_sites=bool(spec.get("lora_adapters")),
             **common,
             **extra,
         )

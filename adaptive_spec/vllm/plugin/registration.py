@@ -263,5 +263,9 @@ def register() -> None:
         register_collector(directory)
         _patch_engine_args(config)
         _patch_engine_core(config)
+        if any(p.startswith("lora:") for p in config.proposers):
+            from adaptive_spec.vllm.lora_sites import enable_lora_sites
+
+            enable_lora_sites()  # the adapters run inside the drafter's compiled pass
         _shutdown_grace_installed = _patch_shutdown_grace()
         logger.debug("adaptive-spec plugin registered (%s)", config.source)
