@@ -60,6 +60,7 @@ the drafter's methods) and undone by :meth:`LoraDraftManager.detach`.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,8 @@ from adaptive_spec.vllm.lora_adapter import (
     save_lora_adapter,
 )
 from adaptive_spec.vllm.patches import InstancePatches
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "ADAPTER_FILE",
@@ -440,6 +443,13 @@ class LoraDraftManager:
                     mod = _get(layer, fused)
                     self._handles.append(mod.register_forward_hook(self._hook(i, fused)))
         self._attached = True
+        if self.in_compiled_pass:
+            logger.info("LoRA adapters on the drafter run inside its compiled pass (LoRA sites)")
+        elif not self._compile_off:
+            logger.info(
+                "LoRA adapters on the drafter run in an eager pass: the engine was built without LoRA "
+                "sites (build_llm(..., lora_sites=True) puts them in the compiled pass)"
+            )
 
     def _unbind(self) -> None:
         for site in (self._sites or {}).values():
