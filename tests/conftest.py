@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,4 +57,49 @@ def tiny_prompts(n: int, length: int = 12, seed: int = 0) -> list[list[int]]:
     for _ in range(n):
         base = [rng.randrange(3, 49000) for _ in range(length // 2)]
         out.append(base + base[: length - len(base)])
+    return out
+
+
+def run_child_pytest(test_file: str | Path, switch: str, timeout: int = 900) -> None:
+    """Run ``test_file``'s tests in a fresh pytest process with ``switch=1`` in its environment (vLLM
+    engines do not coexist well in one process) and fail with its output unless they all passed."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, switch: "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", str(test_file)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
+    assert " passed" in res.stdout and " failed" not in res.stdout
+
+
+def random_head_adapters(mgr: Any) -> dict[str, Any]:
+    """Two random rank-4 LoRA adapters, ``a`` and ``b`` (seeds 1, 2), that fit the one decoder layer of
+    the drafter ``mgr`` (a :class:`~adaptive_spec.vllm.lora_draft.LoraDraftManager`) manages."""
+    import torch
+
+    from adaptive_spec.vllm.lora_draft import FUSED, LoraAdapter
+
+    shapes = {
+        part: (d_in, d_out)
+        for fused, (d_in, outs) in mgr.shapes.items()
+        for part, d_out in zip(FUSED[fused], outs, strict=True)
+    }
+    out = {}
+    for name, seed in (("a", 1), ("b", 2)):
+        g = torch.Generator().manual_seed(seed)
+        w = {
+            (0, m): (
+                torch.randn(d_in, 4, generator=g) / d_in**0.5,
+                torch.randn(4, d_out, generator=g) * 0.6,
+            )
+            for m, (d_in, d_out) in shapes.items()
+        }
+        out[name] = LoraAdapter(name, 4, 8.0, w)
     return out

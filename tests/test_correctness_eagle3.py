@@ -328,30 +328,11 @@ def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
 
     from adaptive_spec.vllm.lora_draft import (
         FUSED,
-        LoraAdapter,
         LoraDraftManager,
         lora_delta_reference,
         save_lora_adapter,
     )
-
-    def random_adapters(mgr: LoraDraftManager) -> dict[str, LoraAdapter]:
-        shapes = {
-            part: (d_in, d_out)
-            for fused, (d_in, outs) in mgr.shapes.items()
-            for part, d_out in zip(FUSED[fused], outs, strict=True)
-        }
-        out = {}
-        for name, seed in (("a", 1), ("b", 2)):
-            g = torch.Generator().manual_seed(seed)
-            w = {
-                (0, m): (
-                    torch.randn(d_in, 4, generator=g) / d_in**0.5,
-                    torch.randn(4, d_out, generator=g) * 0.6,
-                )
-                for m, (d_in, d_out) in shapes.items()
-            }
-            out[name] = LoraAdapter(name, 4, 8.0, w)
-        return out
+    from tests.conftest import random_head_adapters as random_adapters
 
     def lora_hooks():
         mgr = LoraDraftManager(llm, max_rank=4)

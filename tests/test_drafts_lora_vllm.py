@@ -8,9 +8,6 @@ pytest process on this same file (``ADAPTIVE_SPEC_LORA_INNER=1``); the outer tes
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -55,18 +52,9 @@ def test_lora_drafts_in_vllm_child_process(tiny_model_dir):
     """Runs the engine checks below in a fresh process and fails with their output if they fail."""
     if INNER:
         pytest.skip("inner run")
-    env = {**os.environ, "ADAPTIVE_SPEC_LORA_INNER": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    root = Path(__file__).resolve().parent.parent
-    res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", str(Path(__file__))],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
-    assert " passed" in res.stdout and " failed" not in res.stdout
+    from tests.conftest import run_child_pytest
+
+    run_child_pytest(__file__, "ADAPTIVE_SPEC_LORA_INNER")
 
 
 inner = pytest.mark.skipif(not INNER, reason="runs in the child process")

@@ -11,9 +11,6 @@ none; compiled passes draft what the same adapters draft eagerly; detach unbinds
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,18 +27,9 @@ def test_lora_sites_in_vllm_child_process():
     """Runs the engine checks below in a fresh process and fails with their output if they fail."""
     if INNER:
         pytest.skip("inner run")
-    env = {**os.environ, "ADAPTIVE_SPEC_SITES_INNER": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    root = Path(__file__).resolve().parent.parent
-    res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", str(Path(__file__))],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
-    assert " passed" in res.stdout and " failed" not in res.stdout
+    from tests.conftest import run_child_pytest
+
+    run_child_pytest(__file__, "ADAPTIVE_SPEC_SITES_INNER")
 
 
 inner = pytest.mark.skipif(not INNER, reason="runs in the child process")
@@ -72,28 +60,6 @@ def llm(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runner(llm):
     return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
-
-
-def _adapters(mgr):
-    from adaptive_spec.vllm.lora_draft import FUSED, LoraAdapter
-
-    shapes = {
-        part: (d_in, d_out)
-        for fused, (d_in, outs) in mgr.shapes.items()
-        for part, d_out in zip(FUSED[fused], outs, strict=True)
-    }
-    out = {}
-    for name, seed in (("a", 1), ("b", 2)):
-        g = torch.Generator().manual_seed(seed)
-        w = {
-            (0, m): (
-                torch.randn(d_in, 4, generator=g) / d_in**0.5,
-                torch.randn(4, d_out, generator=g) * 0.6,
-            )
-            for m, (d_in, d_out) in shapes.items()
-        }
-        out[name] = LoraAdapter(name, 4, 8.0, w)
-    return out
 
 
 class _Counter:
@@ -157,7 +123,7 @@ def _run(llm, runner, mgr, plan, prompts, *, eager=False):
 def test_sites_in_the_compiled_graph(llm, runner):
     from adaptive_spec.vllm import lora_sites
     from adaptive_spec.vllm.lora_draft import FUSED, LoraDraftManager, lora_delta_reference
-    from tests.conftest import tiny_prompts
+    from tests.conftest import random_head_adapters, tiny_prompts
 
     inner = runner.drafter.model.model
     sites = lora_sites.sites_of(inner)
@@ -169,7 +135,7 @@ def test_sites_in_the_compiled_graph(llm, runner):
     mgr = LoraDraftManager(llm, max_rank=4)
     try:
         assert mgr.in_compiled_pass
-        ads = _adapters(mgr)
+        ads = random_head_adapters(mgr)
         slots = {n: mgr.register(n, a) for n, a in ads.items()}
         ref, base_drafts = _run(llm, runner, mgr, [None] * 4, prompts)
 

@@ -217,7 +217,7 @@ class LoraDraftManager:
         self.shapes: dict[str, tuple[int, tuple[int, ...]]] = {}
         ref = self._layers[0]
         for fused, parts in FUSED.items():
-            mod = _get(ref, fused)
+            mod = lora_sites.submodule(ref, fused)
             if mod is None:
                 raise ValueError(
                     f"the draft's layers lack {fused!r}: LoRA drafts support Llama-style layers "
@@ -440,7 +440,7 @@ class LoraDraftManager:
             self._patches.set(self._inner, "do_not_compile", self._compile_off)
             for i, layer in enumerate(self._layers):
                 for fused in FUSED:
-                    mod = _get(layer, fused)
+                    mod = lora_sites.submodule(layer, fused)
                     self._handles.append(mod.register_forward_hook(self._hook(i, fused)))
         self._attached = True
         if self.in_compiled_pass:
@@ -573,11 +573,3 @@ class LoraDraftManager:
             return output
 
         return hook
-
-
-def _get(obj: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj

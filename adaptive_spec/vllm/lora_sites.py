@@ -100,7 +100,8 @@ def sites_of(inner: Any) -> dict[tuple[int, str], int] | None:
     return getattr(inner, SITES_ATTR, None)
 
 
-def _get(obj: Any, dotted: str) -> Any:
+def submodule(obj: Any, dotted: str) -> Any:
+    """``obj.a.b`` for ``dotted="a.b"``, or None where an attribute is missing."""
     for part in dotted.split("."):
         obj = getattr(obj, part, None)
         if obj is None:
@@ -129,7 +130,7 @@ def add_sites(model: Any) -> dict[tuple[int, str], int] | None:
     if sites_of(inner) is not None:
         return sites_of(inner)
     layers = list(layers)
-    if not layers or len(layers) > 64 or any(_get(layers[0], m) is None for m in SITE_MODULES):
+    if not layers or len(layers) > 64 or any(submodule(layers[0], m) is None for m in SITE_MODULES):
         return None
     with _lock:
         _engines += 1
@@ -138,7 +139,7 @@ def add_sites(model: Any) -> dict[tuple[int, str], int] | None:
     for i, layer in enumerate(layers):
         for j, name in enumerate(SITE_MODULES):
             site = engine * 256 + i * 4 + j
-            _get(layer, name).register_forward_hook(_site_hook(site))
+            submodule(layer, name).register_forward_hook(_site_hook(site))
             sites[i, name] = site
     setattr(inner, SITES_ATTR, sites)
     logger.info(
