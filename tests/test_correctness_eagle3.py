@@ -427,7 +427,7 @@ def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
         got = {tuple(p): list(o.token_ids) for p, o in zip(prompts, outs, strict=True)}
         assert got == ref, "tokens differ from no speculation"
         st = spec.stats()
-        assert st["faults"] == 0, st["faults"]
+        assert st["faults"] == 0 and st["lora_faults"] == 0, (st["faults"], st["lora_faults"])
         runner_drafter = runner.drafter
         assert not runner_drafter.model.model.layers[0].self_attn.qkv_proj._forward_hooks
         # a static lora arm drafts with its adapter (the policy names it as the drafter's preference)

@@ -5,7 +5,8 @@ A compiled vLLM engine (no ``enforce_eager``) of the tiny float32 target and its
 process on this file (``ADAPTIVE_SPEC_SITES_INNER=1``; vLLM engines do not coexist well in one process).
 Checks: the sites carry the dense reference; the adapters run inside compiled passes (the site operator
 is called while the drafter's graph stays compiled); greedy identity with a batch mixing two adapters and
-none; compiled passes draft what the same adapters draft eagerly; detach unbinds the sites.
+none; compiled passes draft what the same adapters draft eagerly; a failing update is counted, never
+raised into vLLM; detach unbinds the sites.
 """
 
 from __future__ import annotations
@@ -174,6 +175,14 @@ def test_sites_in_the_compiled_graph(llm, runner):
         out_eager, eager_drafts = _run(llm, runner, mgr, plan, prompts, eager=True)
         assert out_eager == ref
         assert eager_drafts == compiled_drafts, "compiled and eager passes drafted differently"
+
+        # A failing adapter update never reaches vLLM: counted, and the pass goes on without adapters.
+        def broken(layer, fused, y, x):
+            raise RuntimeError("injected")
+
+        mgr._apply = broken
+        out_faulty, _ = _run(llm, runner, mgr, plan, prompts)
+        assert out_faulty == ref and mgr.faults > 0, mgr.faults
     finally:
         mgr.detach()
     # Detached: the sites are unbound and the head drafts as it did without adapters.

@@ -589,7 +589,8 @@ class AdaptiveSpec:
         drafts verified without it (``sampled_verify_steps``), where the policy's step-cost table
         came from (``cost_table_source``, None for a policy that prices no steps), on an EAGLE engine the
         drafter passes asked for (``drafter_passes``, ``drafter_plan``, and ``drafter_kv``: the steps
-        whose KV-cache pass was deferred, :mod:`adaptive_spec.vllm.deferred_kv`) and (for the adaptive
+        whose KV-cache pass was deferred, :mod:`adaptive_spec.vllm.deferred_kv`), with LoRA adapters the
+        adapter updates that failed (``lora_faults``) and (for the adaptive
         controller) the safety rule's standing against its baseline. Definitions:
         :mod:`adaptive_spec.core.metrics`."""
         d = self.metrics.as_dict()
@@ -613,6 +614,9 @@ class AdaptiveSpec:
                 d["drafter_kv"] = self.hooks.deferred_kv.stats()
             elif self.workers is not None and self.workers.defer_drafter_kv:
                 d["drafter_kv"] = {"deferred_steps": counts.drafter_kv_deferred_steps}
+        if self.lora is not None:
+            # Adapter updates that failed inside the drafter (each pass went on without adapters).
+            d["lora_faults"] = self.lora.faults
         ctrl = getattr(self.policy, "stats", None)
         if callable(ctrl):
             try:

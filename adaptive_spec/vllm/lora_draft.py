@@ -259,6 +259,8 @@ class LoraDraftManager:
         self._first_pass = False
         #: Whether the drafter's last pass applied an adapter to some request.
         self.last_pass_adapters = False
+        #: Adapter updates that raised (each counted and logged; the pass went on without adapters).
+        self.faults = 0
         #: Whether adapters run inside the drafter's compiled pass (an engine built with LoRA sites).
         self.in_compiled_pass = self._sites is not None and not self._compile_off
         self._handles: list[Any] = []
@@ -560,16 +562,35 @@ class LoraDraftManager:
             idx = idx[:t]
         lora_bgmv(y, x, a, b, idx, self._scale, backend=self.backend)
 
+    def _guarded(self, layer: int, fused: str, y: torch.Tensor, x: torch.Tensor) -> None:
+        """:meth:`_apply`, never raising into vLLM's drafter: a failure is counted and logged, and the
+        rest of the pass runs without adapters (drafts only; the output never depends on them)."""
+        try:
+            self._apply(layer, fused, y, x)
+        except Exception as e:
+            self.faults += 1
+            self._plan(None)
+            if self.faults == 1 or self.faults % 1000 == 0:
+                logger.error(
+                    "LoRA adapter update failed (%s: %s) on layer %d %s; this drafter pass went on "
+                    "without adapters (%d failures so far)",
+                    type(e).__name__,
+                    e,
+                    layer,
+                    fused,
+                    self.faults,
+                )
+
     def _site_fn(self, layer: int, fused: str) -> Any:
         def fn(y: torch.Tensor, x: torch.Tensor) -> None:
-            self._apply(layer, fused, y, x)
+            self._guarded(layer, fused, y, x)
 
         return fn
 
     def _hook(self, layer: int, fused: str) -> Any:
         def hook(module: Any, inputs: tuple[Any, ...], output: Any) -> Any:
             y = output[0] if isinstance(output, tuple) else output
-            self._apply(layer, fused, y, inputs[0])
+            self._guarded(layer, fused, y, inputs[0])
             return output
 
         return hook
