@@ -103,3 +103,38 @@ def random_head_adapters(mgr: Any) -> dict[str, Any]:
         }
         out[name] = LoraAdapter(name, 4, 8.0, w)
     return out
+
+
+def assert_lora_matches_dense(mgr: Any, adapters: dict[str, Any], names: list[str | None]) -> None:
+    """For every decoder layer and fused module of the drafter ``mgr`` manages, call the module on one
+    random token per entry of ``names`` (an adapter name, or None) with that plan of adapters, and
+    check each token's output against the module's own output plus the dense reference update of its
+    adapter (:func:`adaptive_spec.vllm.lora_draft.lora_delta_reference`)."""
+    import torch
+
+    from adaptive_spec.vllm.lora_draft import FUSED, lora_delta_reference
+
+    slots = {n: mgr._slots[n] for n in adapters}
+    torch.manual_seed(0)
+    for layer_i, layer in enumerate(mgr._layers):
+        for fused, parts in FUSED.items():
+            mod = layer
+            for part in fused.split("."):
+                mod = getattr(mod, part)
+            x = torch.randn(len(names), mgr.shapes[fused][0])
+            mgr._plan(None)
+            base = mod(x)[0].clone()
+            mgr._plan([(-1 if n is None else slots[n], 1) for n in names])
+            got = mod(x)[0]
+            mgr._plan(None)
+            for t, n in enumerate(names):
+                want = base[t].clone()
+                if n is not None:
+                    want += torch.cat(
+                        [
+                            lora_delta_reference(x[t : t + 1], adapters[n], layer_i, p)
+                            for p in parts
+                        ],
+                        -1,
+                    )[0]
+                torch.testing.assert_close(got[t], want, rtol=1e-5, atol=1e-5)

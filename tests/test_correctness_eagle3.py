@@ -177,7 +177,6 @@ def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
     drafts_made: list[list[list[int]]] = []
     kv_seen: list[Any] = []  # per drafting step, the output of the drafter's first pass
     orig = runner.drafter.propose
-    import torch
 
     model = runner.drafter.model
     orig_forward = model.forward
@@ -327,11 +326,10 @@ def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
     # -- LoRA adapters on the head ------------------------------------------------------------------
 
     from adaptive_spec.vllm.lora_draft import (
-        FUSED,
         LoraDraftManager,
-        lora_delta_reference,
         save_lora_adapter,
     )
+    from tests.conftest import assert_lora_matches_dense
     from tests.conftest import random_head_adapters as random_adapters
 
     def lora_hooks():
@@ -342,27 +340,9 @@ def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
                 mgr.num_layers == 1
                 and mgr.shapes["self_attn.qkv_proj"][0] == 2 * (mgr.shapes["self_attn.o_proj"][0])
             ), mgr.shapes  # the head's attention reads embedding and fused state side by side
-            slots = {n: mgr.register(n, a) for n, a in ads.items()}
-            names = [None, "a", "b", "a", None]
-            idx = torch.tensor([-1 if n is None else slots[n] for n in names])
-            torch.manual_seed(0)
-            for fused, parts in FUSED.items():
-                mod = mgr._layers[0]
-                for part in fused.split("."):
-                    mod = getattr(mod, part)
-                x = torch.randn(len(names), mgr.shapes[fused][0])
-                mgr._plan(None)
-                base = mod(x)[0].clone()
-                mgr._plan([(int(i), 1) for i in idx])
-                got = mod(x)[0]
-                mgr._plan(None)
-                for t, n in enumerate(names):
-                    want = base[t].clone()
-                    if n is not None:
-                        want += torch.cat(
-                            [lora_delta_reference(x[t : t + 1], ads[n], 0, p) for p in parts], -1
-                        )[0]
-                    torch.testing.assert_close(got[t], want, rtol=1e-5, atol=1e-5)
+            for n, a in ads.items():
+                mgr.register(n, a)
+            assert_lora_matches_dense(mgr, ads, [None, "a", "b", "a", None])
         finally:
             mgr.detach()
         return "hooks equal the dense reference"

@@ -200,41 +200,15 @@ def test_mixed_adapters_identity_and_routing(engine, prompts, reference, adapter
 
 @inner
 def test_hooks_match_dense_reference(engine, adapters):
-    from adaptive_spec.vllm.lora_draft import (
-        FUSED,
-        LoraDraftManager,
-        load_lora_adapter,
-        lora_delta_reference,
-    )
+    from adaptive_spec.vllm.lora_draft import LoraDraftManager, load_lora_adapter
+    from tests.conftest import assert_lora_matches_dense
 
     mgr = LoraDraftManager(engine, max_rank=8)
     try:
         ads = {n: load_lora_adapter(p) for n, p in adapters.items()}
-        slots = {n: mgr.register(n, ads[n]) for n in ads}
-        torch.manual_seed(0)
-        idx = torch.tensor([-1, slots["code"], slots["math"], slots["code"], -1, slots["math"]])
-        names = [None, "code", "math", "code", None, "math"]
-        for layer_i, layer in enumerate(mgr._layers):
-            for fused, parts in FUSED.items():
-                mod = layer
-                for part in fused.split("."):
-                    mod = getattr(mod, part)
-                d_in = mgr.shapes[fused][0]
-                x = torch.randn(len(idx), d_in)
-                mgr._plan(None)
-                base = mod(x)[0].clone()
-                mgr._plan([(int(i), 1) for i in idx])
-                got = mod(x)[0]
-                mgr._plan(None)
-                for t, n in enumerate(names):
-                    want = base[t].clone()
-                    if n is not None:
-                        delta = torch.cat(
-                            [lora_delta_reference(x[t : t + 1], ads[n], layer_i, p) for p in parts],
-                            -1,
-                        )
-                        want += delta[0]
-                    torch.testing.assert_close(got[t], want, rtol=1e-5, atol=1e-5)
+        for n in ads:
+            mgr.register(n, ads[n])
+        assert_lora_matches_dense(mgr, ads, [None, "code", "math", "code", None, "math"])
     finally:
         mgr.detach()
 
