@@ -130,7 +130,13 @@ def add_sites(model: Any) -> dict[tuple[int, str], int] | None:
     if sites_of(inner) is not None:
         return sites_of(inner)
     layers = list(layers)
-    if not layers or len(layers) > 64 or any(submodule(layers[0], m) is None for m in SITE_MODULES):
+    if not layers or any(submodule(layers[0], m) is None for m in SITE_MODULES):
+        return None
+    if len(layers) > 64:  # site ids hold layer * 4 + module below 256
+        logger.warning(
+            "no LoRA sites on a drafter of %d layers (at most 64): its adapters run in an eager pass",
+            len(layers),
+        )
         return None
     with _lock:
         _engines += 1
