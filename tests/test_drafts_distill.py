@@ -173,6 +173,41 @@ def test_read_prompt_file(tmp_path):
         D.load_prompts(["no-such-source"], 3, eval_n=0, skip=0)
 
 
+def test_sharegpt_filters():
+    from adaptive_spec.commands.distill.prompts import _looks_like
+
+    writing = [
+        "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+        "Compose a persuasive email to my landlord about fixing the heating.",
+        "I want you to act as a travel guide for Lisbon.",
+        "Pretend you are a pirate captain and describe your ship.",
+    ]
+    not_writing = [
+        "Write a python function that reverses a list.",  # code
+        "Write me a C# snippet that sends out an email.",  # code the code filter misses
+        "Write a blog post about how many apples 3 * 4 boxes hold.",  # arithmetic
+        "What is the capital of France?",  # a question, no writing request
+    ]
+    assert all(_looks_like("sharegpt-writing", t) for t in writing)
+    assert not any(_looks_like("sharegpt-writing", t) for t in not_writing)
+    assert _looks_like("sharegpt-code", not_writing[0])
+    assert _looks_like("sharegpt-math", "How many days are in 3 weeks?")
+
+
+def test_sharegpt_writing_holds_out_its_first_prompts():
+    ps = D.load_prompts(["sharegpt-writing:20"], 5, eval_n=4, skip=48)
+    held = [p for p in ps if p.split == "eval"]
+    train = [p for p in ps if p.split == "train"]
+    assert len(held) == 4 and len(train) == 20
+    assert {p.category for p in ps} == {"writing"}
+    assert not {p.text for p in held} & {p.text for p in train}
+    # the chat workload's first prompts (what benchmarks use) are never among them
+    from adaptive_spec.commands.workloads import load_chat
+
+    first = {p.text for p in load_chat(48)}
+    assert not first & {p.text for p in ps}
+
+
 # -- training, checkpoints, resume ---------------------------------------------------------------
 def _data(model, tok, n=6, cont=12, seed=0):
     prompts = [D.TextPrompt("code", f"def f{i}(x): return x * {i}", "train") for i in range(n)]

@@ -84,31 +84,63 @@ _MATH_RE = re.compile(
 )
 
 
-EXTRA_SOURCES = ("sharegpt-code", "sharegpt-math", "summarize-train")
+_WRITING_RE = re.compile(
+    r"\b(write|compose|draft|rewrite|craft|create)\b[^.?!\n]{0,80}\b(story|stories|essay|poem|"
+    r"email|e-mail|letter|blog|article|post|paragraph|speech|description|introduction|review|"
+    r"slogan|tagline|caption|outline|narrative|dialogue|advertisement|copy|lyrics|song|bio|"
+    r"biography|proposal|newsletter|announcement|tweet|headline)s?\b|"
+    r"\b(imagine|pretend|act as|you are an?|role-?play)\b",
+    re.IGNORECASE,
+)
 
 
-TEXT_SOURCES = ("chat", "code", "math", "summarize", "sharegpt-code", "sharegpt-math")
+_NOT_WRITING_RE = re.compile(r"C#|\bsnippet|\bHTML\b|\bCSS\b|\bAPI\b|\bweb ?page|\bwebsite\b", re.I)
+
+
+EXTRA_SOURCES = ("sharegpt-code", "sharegpt-math", "sharegpt-writing", "summarize-train")
+
+
+TEXT_SOURCES = (
+    "chat",
+    "code",
+    "math",
+    "summarize",
+    "sharegpt-code",
+    "sharegpt-math",
+    "sharegpt-writing",
+)
 
 
 def _looks_like(source: str, text: str) -> bool:
-    """Whether a ShareGPT prompt belongs to ``sharegpt-code`` (a programming question) or
-    ``sharegpt-math`` (an arithmetic question that is not a programming one): keyword filters."""
+    """Whether a ShareGPT prompt belongs to ``sharegpt-code`` (a programming question),
+    ``sharegpt-math`` (an arithmetic question that is not a programming one) or ``sharegpt-writing``
+    (a writing or role-play request, like MT-Bench's first two categories, that is neither):
+    keyword filters."""
     if source == "sharegpt-code":
         return bool(_CODE_RE.search(text))
+    if source == "sharegpt-writing":
+        return (
+            bool(_WRITING_RE.search(text))
+            and not _CODE_RE.search(text)
+            and not _MATH_RE.search(text)
+            and not _NOT_WRITING_RE.search(text)
+        )
     return bool(_MATH_RE.search(text)) and not _CODE_RE.search(text)
 
 
 def _extra_source(name: str, skip: int) -> list[TextPrompt]:
     """Prompts beyond the built-in workloads, disjoint from what benchmarks use.
 
-    * ``sharegpt-code`` / ``sharegpt-math``: ShareGPT first turns (after the first ``skip``, which the
-      ``chat`` workload serves) that look like programming / arithmetic questions (keyword filters);
+    * ``sharegpt-code`` / ``sharegpt-math`` / ``sharegpt-writing``: ShareGPT first turns (after the
+      first ``skip``, which the ``chat`` workload serves) that look like programming / arithmetic
+      questions / writing and role-play requests (keyword filters; category ``code`` / ``math`` /
+      ``writing``);
     * ``summarize-train``: ACLSum's *train* split in the ``summarize`` workload's format (the workload
       uses the test split).
     """
     from adaptive_spec.commands.workloads import _package_dir, load_chat, load_summarize
 
-    if name in ("sharegpt-code", "sharegpt-math"):
+    if name in ("sharegpt-code", "sharegpt-math", "sharegpt-writing"):
         cat = name.split("-")[1]
         return [
             TextPrompt(cat, p.text) for p in load_chat(100_000)[skip:] if _looks_like(name, p.text)
@@ -137,8 +169,9 @@ def load_reference_pairs(source: str, n: int, *, skip: int) -> list[TextPair]:
     ``skip``-th on, so the prompts benchmarks use first are never trained on; the replies are the data
     sets' own: ShareGPT's first assistant turn (``chat``), HumanEval's canonical solution (``code``),
     GSM8K's worked answer (``math``) and, for ``summarize``, ACLSum's *train* split (the workload uses
-    its test split) with its challenge/approach/outcome summary. ``sharegpt-code`` and ``sharegpt-math``
-    are the ShareGPT pairs (after ``skip``) whose prompt looks like programming / arithmetic.
+    its test split) with its challenge/approach/outcome summary. ``sharegpt-code``, ``sharegpt-math``
+    and ``sharegpt-writing`` are the ShareGPT pairs (after ``skip``) whose prompt looks like
+    programming / arithmetic / a writing or role-play request.
 
     Raises
     ------
@@ -170,7 +203,7 @@ def load_reference_pairs(source: str, n: int, *, skip: int) -> list[TextPair]:
             ans = re.sub(r"<<[^>]*>>", "", r.get("upstream_answer", ""))
             ans = re.sub(r"\n?####\s*(.+)$", r"\nThe answer is \1.", ans.strip())
             pairs.append(TextPair("math", p.text, ans))
-    elif source in ("sharegpt-code", "sharegpt-math"):
+    elif source in ("sharegpt-code", "sharegpt-math", "sharegpt-writing"):
         chats = load_reference_pairs("chat", 100_000, skip=skip)
         keep = [p for p in chats if _looks_like(source, p.prompt)]
         return [TextPair(source.split("-")[1], p.prompt, p.reply) for p in keep][:n]
@@ -250,7 +283,8 @@ def load_prompts(
     :data:`EXTRA_SOURCES`, or a JSONL path read by :func:`read_prompt_file`: the first ``eval_n`` prompts
     are held out for the report (``split="eval"``) and ``n`` training prompts are taken after the first
     ``skip`` (so the prompts benchmarks use first never serve for training). Extra sources are already
-    disjoint from the workloads and give training prompts only. A JSONL file's own ``split`` fields win
+    disjoint from the workloads and give training prompts only, except ``sharegpt-writing``, whose
+    first ``eval_n`` prompts are held out (no workload has writing requests). A JSONL file's own ``split`` fields win
     when present.
 
     Raises
@@ -281,6 +315,10 @@ def load_prompts(
             ps = load_workload(src, skip + count)
             out.extend(TextPrompt(p.category, p.text, "eval") for p in ps[:eval_n])
             out.extend(TextPrompt(p.category, p.text, "train") for p in ps[skip : skip + count])
+        elif src == "sharegpt-writing":
+            ps = _extra_source(src, skip)
+            out.extend(TextPrompt(p.category, p.text, "eval") for p in ps[:eval_n])
+            out.extend(ps[eval_n : eval_n + count])
         elif src in EXTRA_SOURCES:
             out.extend(_extra_source(src, skip)[:count])
         else:
