@@ -39,6 +39,13 @@ def _args() -> argparse.Namespace:
         action="store_true",
         help="build the drafter without LoRA sites: adapted passes then run eagerly (the fallback)",
     )
+    a(
+        "--head",
+        default=None,
+        help="a stored head directory (distill --out) instead of the shipped head; its own adapters, "
+        "if it stores any, are the lora arms",
+    )
+    a("--no-lora", action="store_true", help="the draft arm only (no lora:<name> arms)")
     a("--out", default="head_in_vllm.json", help="JSON results (default head_in_vllm.json)")
     return ap.parse_args()
 
@@ -82,12 +89,13 @@ def main() -> None:
     from adaptive_spec import AdaptiveSpec
     from adaptive_spec.commands.distill.prompts import format_prompt
     from adaptive_spec.commands.workloads import load_workload
-    from adaptive_spec.vllm.eagle3 import default_drafter, head_adapters, shipped_head_dir
+    from adaptive_spec.vllm.eagle3 import assemble_cached_head, head_adapters, shipped_head_dir
     from adaptive_spec.vllm.engine import build_llm
     from adaptive_spec.vllm.models import default_model_path
 
-    head, _ = default_drafter("float32")
-    adapters = head_adapters(shipped_head_dir())
+    stored = Path(args.head) if args.head else shipped_head_dir()
+    head = str(assemble_cached_head(stored, "float32"))
+    adapters = {} if args.no_lora else head_adapters(stored)
     llm = build_llm(
         default_model_path("float32"),
         dtype="float32",
@@ -96,7 +104,7 @@ def main() -> None:
         method="eagle3",
         draft_model=head,
         enforce_eager=args.eager,
-        lora_sites=not args.no_lora_sites,
+        lora_sites=bool(adapters) and not args.no_lora_sites,
     )
     tok = llm.get_tokenizer()
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
