@@ -355,3 +355,25 @@ def test_prompt_lengths_spread_log_uniformly_within_the_room():
     step = (PROMPT_SPREAD[1] / PROMPT_SPREAD[0]) ** (1 / 15)
     assert np.allclose(ratios, step, rtol=0.03)  # equal ratios: log-uniform
     assert max(prompt_lengths(16, 192, 300)) == 300 and min(prompt_lengths(4, 1, 5)) >= 1
+
+
+def test_a_prior_for_more_draft_positions_serves_a_smaller_max_k():
+    """The shipped prior (max_k 8) once fitted only controllers of max_k 8: a benchmark at
+    ``--max-k 4`` started from nothing. Positions 1..4 of it are the same conditional acceptances."""
+    from adaptive_spec.core.priors import apply_prior, fit_max_k, shipped_prior
+
+    key = next(t.key for t in cost_tables.shipped_tables() if shipped_prior(t.key) is not None)
+    prior = shipped_prior(key)
+    assert int(prior["max_k"]) > 4
+    small = AdaptiveController(["ngram", "jacobi"], 4)
+    assert apply_prior(small, key) is True
+    full = AdaptiveController(["ngram", "jacobi"], int(prior["max_k"]))
+    assert apply_prior(full, key) is True
+    np.testing.assert_allclose(small.acceptance.prior_a, full.acceptance.prior_a[..., :4])
+    np.testing.assert_allclose(small.acceptance.prior_b, full.acceptance.prior_b[..., :4])
+    assert small.acceptance.prior_a.sum() > 0
+    assert fit_max_k(prior, 64) is prior  # more positions than the prior has: unchanged, refused
+    big = AdaptiveController(["ngram", "jacobi"], int(prior["max_k"]) + 4)
+    assert apply_prior(big, key) is False
+    with pytest.raises(ValueError, match="shape"):
+        fit_max_k({"acc": []}, 4)

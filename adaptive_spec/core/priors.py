@@ -56,10 +56,38 @@ def shipped_prior(key: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def fit_max_k(state: dict[str, Any], max_k: int) -> dict[str, Any]:
+    """A prior's acceptance state for a controller of a smaller ``max_k``: draft positions
+    ``1..max_k`` of it. Acceptance at position ``i`` is conditional on the drafts before it being
+    accepted, so it does not depend on how many positions follow. A state of ``max_k`` or fewer
+    positions is returned unchanged (:meth:`AcceptanceModel.load_state_dict` refuses a shorter one).
+
+    Raises
+    ------
+    ValueError
+        For a state without a readable ``shape``.
+    """
+    try:
+        shape = [int(x) for x in state["shape"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"acceptance state has a missing or malformed shape ({e})") from None
+    if shape[-1] <= max_k:
+        return state
+    import numpy as np
+
+    out = dict(state)
+    for name in ("acc", "tri", "prior_a", "prior_b"):
+        out[name] = np.asarray(state[name], dtype=float)[..., :max_k].tolist()
+    out["shape"] = [*shape[:-1], max_k]
+    out["max_k"] = max_k
+    return out
+
+
 def apply_prior(controller: Any, key: dict[str, Any]) -> bool:
     """Give an :class:`~adaptive_spec.core.controller.AdaptiveController` with no learned state the shipped
-    prior of its model (the proposers it shares with the prior). Returns whether one was applied; a
-    prior that does not fit is skipped with a warning, and a policy without an
+    prior of its model (the proposers it shares with the prior; its first ``max_k`` draft positions,
+    :func:`fit_max_k`). Returns whether one was applied; a prior that does not fit is skipped with a
+    warning, and a policy without an
     :class:`~adaptive_spec.core.acceptance.AcceptanceModel` gets none."""
     from adaptive_spec.core.acceptance import AcceptanceModel
 
@@ -70,6 +98,7 @@ def apply_prior(controller: Any, key: dict[str, Any]) -> bool:
     if state is None:
         return False
     try:
+        state = fit_max_k(state, controller.acceptance.max_k)
         controller.acceptance.load_state_dict(state)
     except ValueError as e:
         logger.warning("shipped acceptance prior not used: %s", e)
