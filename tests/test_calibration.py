@@ -377,3 +377,17 @@ def test_a_prior_for_more_draft_positions_serves_a_smaller_max_k():
     assert apply_prior(big, key) is False
     with pytest.raises(ValueError, match="shape"):
         fit_max_k({"acc": []}, 4)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--proposers", "none,ngram,draft"], ["--draft-model", "/x"], ["--lora-adapter", "a=/x"]],
+)
+def test_calibrate_refuses_the_engine_flags_it_does_not_use(argv, capsys):
+    """``calibrate`` shares the engine flags of ``run`` but measures the engine without a drafter and
+    learns the prior for none, n-gram and Jacobi: a drafter asked for is refused, not ignored."""
+    from adaptive_spec.commands.cli import main
+
+    assert main(["calibrate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert argv[0] in err and "not supported" in err and "leave these flags out" in err

@@ -89,6 +89,23 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    unused = [
+        f"{flag}={value}"
+        for flag, value, default in (
+            ("--proposers", args.proposers, "none,ngram,jacobi"),
+            ("--draft-model", args.draft_model, None),
+            ("--lora-adapter", args.lora_adapter or None, None),
+        )
+        if value != default
+    ]
+    if unused:
+        print(
+            f"adaptive-spec calibrate: error: {', '.join(unused)} is not supported: calibrate measures "
+            "the engine without a drafter and learns the prior for the proposers none,ngram,jacobi; "
+            "leave these flags out (the controller learns a drafter's acceptance online)",
+            file=sys.stderr,
+        )
+        return 2
     from rich.console import Console
 
     from adaptive_spec.commands.run import build_engine, encode_prompts
