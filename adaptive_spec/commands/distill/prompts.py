@@ -97,18 +97,14 @@ _WRITING_RE = re.compile(
 _NOT_WRITING_RE = re.compile(r"C#|\bsnippet|\bHTML\b|\bCSS\b|\bAPI\b|\bweb ?page|\bwebsite\b", re.I)
 
 
-EXTRA_SOURCES = ("sharegpt-code", "sharegpt-math", "sharegpt-writing", "summarize-train")
+#: ShareGPT first turns filtered by keywords (:func:`_looks_like`); the category is the suffix.
+SHAREGPT_SUBSETS = ("sharegpt-code", "sharegpt-math", "sharegpt-writing")
 
 
-TEXT_SOURCES = (
-    "chat",
-    "code",
-    "math",
-    "summarize",
-    "sharegpt-code",
-    "sharegpt-math",
-    "sharegpt-writing",
-)
+EXTRA_SOURCES = (*SHAREGPT_SUBSETS, "summarize-train")
+
+
+TEXT_SOURCES = ("chat", "code", "math", "summarize", *SHAREGPT_SUBSETS)
 
 
 def _looks_like(source: str, text: str) -> bool:
@@ -140,7 +136,7 @@ def _extra_source(name: str, skip: int) -> list[TextPrompt]:
     """
     from adaptive_spec.commands.workloads import _package_dir, load_chat, load_summarize
 
-    if name in ("sharegpt-code", "sharegpt-math", "sharegpt-writing"):
+    if name in SHAREGPT_SUBSETS:
         cat = name.split("-")[1]
         return [
             TextPrompt(cat, p.text) for p in load_chat(100_000)[skip:] if _looks_like(name, p.text)
@@ -203,7 +199,7 @@ def load_reference_pairs(source: str, n: int, *, skip: int) -> list[TextPair]:
             ans = re.sub(r"<<[^>]*>>", "", r.get("upstream_answer", ""))
             ans = re.sub(r"\n?####\s*(.+)$", r"\nThe answer is \1.", ans.strip())
             pairs.append(TextPair("math", p.text, ans))
-    elif source in ("sharegpt-code", "sharegpt-math", "sharegpt-writing"):
+    elif source in SHAREGPT_SUBSETS:
         chats = load_reference_pairs("chat", 100_000, skip=skip)
         keep = [p for p in chats if _looks_like(source, p.prompt)]
         return [TextPair(source.split("-")[1], p.prompt, p.reply) for p in keep][:n]
