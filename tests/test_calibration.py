@@ -391,3 +391,84 @@ def test_calibrate_refuses_the_engine_flags_it_does_not_use(argv, capsys):
     assert main(["calibrate", *argv]) == 2
     err = capsys.readouterr().err
     assert argv[0] in err and "not supported" in err and "leave these flags out" in err
+
+
+EMBEDDED = {"model": "SmolLM2-135M-Instruct-float32", "dtype": "float32"}
+
+
+def _head_key(dtype: str = "float32") -> dict:
+    from adaptive_spec.core.priors import prior_key
+    from adaptive_spec.vllm.eagle3 import default_head_path
+
+    key = {"model": f"SmolLM2-135M-Instruct-{dtype}", "dtype": dtype}
+    return prior_key(key, default_head_path(dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_shipped_head_has_a_drafter_prior(dtype, default_model_dir):
+    """The drafter prior is keyed on the head's directory name, which holds the start of its weights'
+    SHA-256: a retrained head needs ``calibrate --head-prior --dtype D --ship`` again."""
+    from adaptive_spec.core.priors import DRAFTER_ROW, shipped_prior
+
+    state = shipped_prior(_head_key(dtype), drafter=True)
+    assert state is not None, f"no drafter prior for {_head_key(dtype)['drafter']}"
+    assert state["proposers"] == [DRAFTER_ROW]
+    a, b = np.asarray(state["prior_a"]), np.asarray(state["prior_b"])
+    mean = a / (a + b)
+    # greedy, no history yet, position 1: the head is right about a third to a half of the time
+    assert 0.2 < mean[0, 0, 0, 0, 0] < 0.8 and (a + b)[0, 0, 0, 0, 0] > 10
+
+
+def test_a_drafter_prior_serves_the_draft_and_lora_arms_of_its_drafter_only(default_model_dir):
+    from adaptive_spec.core.priors import apply_prior, prior_key, shipped_prior
+
+    props = ["ngram", "jacobi", "draft", "lora:code"]
+    key = _head_key()
+    head = AdaptiveController(props, 4)
+    assert apply_prior(head, key) is True
+    lookup = AdaptiveController(props, 4)
+    assert apply_prior(lookup, EMBEDDED) is True  # no drafter: the lookup prior alone
+    other = AdaptiveController(props, 4)
+    assert apply_prior(other, prior_key(EMBEDDED, "/cache/head-other-0123456789ab-float32")) is True
+    fresh = AdaptiveController(props, 4)
+    d, lo = props.index("draft"), props.index("lora:code")
+    h, lk, ot, fr = (c.acceptance for c in (head, lookup, other, fresh))
+    # the drafter's rows come from its prior, the same for its adapter's arm
+    np.testing.assert_allclose(h.prior_a[d], h.prior_a[lo])
+    np.testing.assert_allclose(h.prior_b[d], h.prior_b[lo])
+    assert not np.allclose(h.prior_a[d], fr.prior_a[d])
+    drafter = shipped_prior(key, drafter=True)
+    np.testing.assert_allclose(h.prior_a[d], np.asarray(drafter["prior_a"])[0, ..., :4])
+    # the lookup proposers' rows are the lookup prior's, with or without a drafter
+    np.testing.assert_allclose(h.prior_a[:2], lk.prior_a[:2])
+    assert not np.allclose(lk.prior_a[:2], fr.prior_a[:2])
+    # another drafter, or none: its arms keep the generic prior
+    for c in (lk, ot):
+        np.testing.assert_allclose(c.prior_a[d:], fr.prior_a[d:])
+        np.testing.assert_allclose(c.prior_b[d:], fr.prior_b[d:])
+    assert shipped_prior(EMBEDDED, drafter=True) is None
+
+
+def test_select_rows_renames_and_refuses_a_missing_row():
+    from adaptive_spec.core.priors import select_rows
+
+    m = AdaptiveController(["ngram", "draft"], 3).acceptance
+    m.prior_a[1] = 7.0
+    out = select_rows(m.state_dict(), {"draft": "lora:x"})
+    assert out["proposers"] == ["lora:x"] and out["shape"][0] == 1
+    assert np.asarray(out["prior_a"]).shape == (1, *m.shape[1:])
+    assert (np.asarray(out["prior_a"]) == 7.0).all()
+    with pytest.raises(ValueError, match="no row 'suffix'"):
+        select_rows(m.state_dict(), {"suffix": "suffix"})
+    with pytest.raises(ValueError, match="malformed"):
+        select_rows({"proposers": ["draft"]}, {"draft": "draft"})
+
+
+def test_calibrate_learns_the_head_prior_apart(capsys):
+    """The drafter prior needs an engine with the drafter, the table and lookup prior one without:
+    asking for both at once is refused with the two commands to run instead."""
+    from adaptive_spec.commands.cli import main
+
+    assert main(["calibrate", "--prior", "--head-prior"]) == 2
+    err = capsys.readouterr().err
+    assert "--head-prior" in err and "run calibrate --prior, then calibrate --head-prior" in err

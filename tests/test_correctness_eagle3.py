@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +50,7 @@ CHECKS = (
     "lora-hooks",
     "lora-mixed",
     "lora-adaptive",
+    "drafter-prior",
 )
 TIMEOUT_S = 420
 
@@ -422,6 +424,29 @@ def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
         )
 
     check("lora-adaptive", lora_adaptive)
+
+    def drafter_prior():
+        # calibrate --head-prior's learning, on this engine: the exploring controller drafts with the
+        # head, and its row becomes a prior that the draft and lora arms of this drafter start from
+        from adaptive_spec.commands.calibrate_head import learn_drafter_prior
+        from adaptive_spec.core.controller import AdaptiveController
+        from adaptive_spec.core.priors import select_rows
+
+        got = learn_drafter_prior(llm, prompts, max_tokens=12, strength=20.0, progress=False)
+        assert got.key["drafter"] == Path(loadable).name, got.key
+        assert got.state["proposers"] == ["draft"] and got.observed > 0, got
+        assert 0.0 < got.first < 1.0, got.first  # the tiny head is partly right
+        a = np.asarray(got.state["prior_a"])
+        b = np.asarray(got.state["prior_b"])
+        assert (a + b).max() <= 20.0 + 1e-6 and (a[..., 0] + b[..., 0]).max() > 2.0, (a, b)
+        ctrl = AdaptiveController(["ngram", "draft", "lora:a"], MAX_K)
+        before = ctrl.acceptance.prior_a.copy()
+        ctrl.acceptance.load_state_dict(select_rows(got.state, {"draft": "lora:a"}))
+        after = ctrl.acceptance.prior_a
+        assert (after[:2] == before[:2]).all() and (after[2] != before[2]).any()
+        return f"{got.observed:.0f} observations, position 1 acceptance {got.first:.2f}"
+
+    check("drafter-prior", drafter_prior)
 
 
 # -- tests -----------------------------------------------------------------------------------------

@@ -9,7 +9,14 @@
    writes its acceptance counts as a prior (``adaptive_spec.core.priors``): each context cell's mean with at
    most ``--prior-strength`` pseudo-observations.
 
-``--ship`` writes both into the package's data directory (``adaptive_spec/data/cost_tables`` and
+With ``--head-prior`` it does neither, and instead learns the **drafter prior**: the acceptance by draft
+position of the drafter (the shipped EAGLE-3 head, or ``--draft-model``), in an engine built with it,
+on the same held-out prompts, greedy and at temperature 1.0. The controller there runs the proposers
+none, n-gram, Jacobi and the drafter with epsilon-greedy exploration at epsilon 1 (every request-step
+plays an arm drawn uniformly, so the drafter is tried at every k in every context), and only the
+drafter's row is kept (arms drawn at random need no step-cost table).
+
+``--ship`` writes the files into the package's data directory (``adaptive_spec/data/cost_tables`` and
 ``adaptive_spec/data/priors``), which is how the embedded default's files were made.
 """
 
@@ -72,6 +79,13 @@ def add_parser(sub: Any) -> None:
         help="largest pseudo-observation count of a prior cell (default 20)",
     )
     p.add_argument(
+        "--head-prior",
+        action="store_true",
+        help="instead of the table and the lookup prior, learn the drafter's acceptance prior (the "
+        "shipped EAGLE-3 head, or --draft-model) in an engine with it, on the held-out prompts, with "
+        "arms drawn at random; the drafter's arms (draft, lora:<name>) start from it",
+    )
+    p.add_argument(
         "--ship",
         action="store_true",
         help="write the table and the prior into the package data directory (for maintainers)",
@@ -93,7 +107,7 @@ def main(args: argparse.Namespace) -> int:
         f"{flag}={value}"
         for flag, value, default in (
             ("--proposers", args.proposers, "none,ngram,jacobi"),
-            ("--draft-model", args.draft_model, None),
+            ("--draft-model", None if args.head_prior else args.draft_model, None),
             ("--lora-adapter", args.lora_adapter or None, None),
         )
         if value != default
@@ -102,10 +116,22 @@ def main(args: argparse.Namespace) -> int:
         print(
             f"adaptive-spec calibrate: error: {', '.join(unused)} is not supported: calibrate measures "
             "the engine without a drafter and learns the prior for the proposers none,ngram,jacobi; "
-            "leave these flags out (the controller learns a drafter's acceptance online)",
+            "leave these flags out (--head-prior learns the drafter's prior: the shipped head, or "
+            "--draft-model)",
             file=sys.stderr,
         )
         return 2
+    if args.head_prior:
+        if args.prior:
+            print(
+                "adaptive-spec calibrate: error: --prior with --head-prior is not supported: they "
+                "need different engines; run calibrate --prior, then calibrate --head-prior",
+                file=sys.stderr,
+            )
+            return 2
+        from adaptive_spec.commands.calibrate_head import learn_head_prior
+
+        return learn_head_prior(args)
     from rich.console import Console
 
     from adaptive_spec.commands.run import build_engine, encode_prompts

@@ -289,9 +289,11 @@ def main(args: argparse.Namespace) -> int:
 
 
 def trace_prior_key(trace: Any) -> dict[str, Any] | None:
-    """The recorded engine's key (model, dtype) from a trace's header, whose shipped acceptance prior
-    the engine's controller started from; None for a trace without one (a synthetic trace)."""
-    key = (trace.header.get("meta") or {}).get("engine_key")
+    """The recorded engine's prior key (model, dtype and its drafter, if any) from a trace's header,
+    whose shipped acceptance priors the engine's controller started from; None for a trace without
+    one (a synthetic trace)."""
+    meta = trace.header.get("meta") or {}
+    key = meta.get("prior_key") or meta.get("engine_key")
     return dict(key) if isinstance(key, dict) and "model" in key and "dtype" in key else None
 
 

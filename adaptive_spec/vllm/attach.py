@@ -28,6 +28,7 @@ from adaptive_spec.core.driver import StepDriver
 from adaptive_spec.core.machine import engine_key
 from adaptive_spec.core.metrics import SpecMetrics
 from adaptive_spec.core.policies import make_policy
+from adaptive_spec.core.priors import prior_key
 from adaptive_spec.core.protocol import SpecPolicy
 from adaptive_spec.core.trace import TraceWriter
 from adaptive_spec.vllm.checks import (
@@ -234,6 +235,8 @@ class AdaptiveSpec:
             )
         mc = core.vllm_config.model_config
         self.engine_key = engine_key(mc.model, str(mc.dtype))
+        drafter = spec_config.model if spec_config.method in ("eagle3", "draft_model") else None
+        self.prior_key = prior_key(self.engine_key, drafter)  # what the shipped priors match
         self._load_policy_state(policy_state, prior)
         self.vocab_size = int(mc.get_vocab_size())
         self.max_model_len = int(mc.max_model_len)
@@ -377,7 +380,7 @@ class AdaptiveSpec:
         if prior and not self.state_loaded and hasattr(self.policy, "acceptance"):
             from adaptive_spec.core.priors import apply_prior
 
-            self.prior_applied = apply_prior(self.policy, self.engine_key)
+            self.prior_applied = apply_prior(self.policy, self.prior_key)
 
     def _make_proposers(
         self, ngram_min: int, ngram_max: int, suffix: Mapping[str, Any] | None
@@ -477,6 +480,7 @@ class AdaptiveSpec:
                         self.core.vllm_config.parallel_config.distributed_executor_backend
                     ),
                     "engine_key": self.engine_key,
+                    "prior_key": self.prior_key,
                     # what a replay needs to recompute the suffix drafts (sim.counterfactual)
                     "suffix": self.proposers["suffix"].config()
                     if "suffix" in self.proposers
