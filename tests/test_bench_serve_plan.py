@@ -4,6 +4,7 @@ the goals, and the CLI's argument errors."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -60,7 +61,8 @@ def test_server_configs_parse_and_order():
 @pytest.mark.parametrize(
     ("name", "needle"),
     [
-        ("static:draft:2", "proposer 'draft' is invalid"),
+        ("static:suffix:2", "proposer 'suffix' is invalid"),
+        ("static:lora:c d:2", "proposer 'lora:c d' is invalid"),
         ("static:ngram:9", "k=9 is out of range; allowed: 1..8"),
         ("static:ngram:x", "k='x' is invalid"),
         ("vllm-dynamic:2-4=8", "start at 1"),
@@ -181,6 +183,61 @@ def test_server_command_and_env(tmp_path):
     mp = _settings(multiprocessing=True)
     assert server_env(none, mp, base=base)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
     assert server_env(adaptive, mp, base=base)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+
+
+def test_drafter_configs_run_on_the_drafters_engine(tmp_path):
+    """``draft`` / ``lora:<adapter>`` arms run on the drafter's engine: ``--speculative-config`` names
+    the head (``eagle3``) with ``num_speculative_tokens = max_k``; LoRA arms add the ``uni`` executor
+    (the adapters live in the engine-core process's drafter); ``adaptive+lora`` expands into every
+    adapter the drafter stores."""
+    by = {c.name: c for c in sp.parse_server_configs(
+        ["static:draft:2", "static:lora:code:2", "adaptive+draft", "adaptive+lora", "adaptive"], 8
+    )}  # fmt: skip
+    assert all(by[n].drafter for n in by if n != "adaptive") and not by["adaptive"].drafter
+    assert by["static:draft:2"].proposers == ("none", "draft") and by["static:draft:2"].k == 2
+    assert by["static:lora:code:2"].proposers == ("none", "draft", "lora:code")
+    assert by["adaptive+draft"].proposers == ("none", "ngram", "jacobi", "draft")
+    assert by["adaptive+draft"].kind == "adaptive" and by["adaptive+draft"].policy == "adaptive"
+    head = tmp_path / "head"
+    s = _settings(drafter=head)
+    cmd = server_command(by["adaptive+draft"], s, 1)
+    spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
+    assert spec == {"method": "eagle3", "model": str(head), "num_speculative_tokens": 8}
+    assert "--distributed-executor-backend" not in cmd
+    env = server_env(by["adaptive+draft"], s, state=tmp_path / "p.json", base={})
+    assert env["ADAPTIVE_SPEC_PROPOSERS"] == "none,ngram,jacobi,draft"
+    cmd = server_command(by["static:lora:code:2"], s, 1)
+    assert cmd[cmd.index("--distributed-executor-backend") + 1] == "uni"
+    lora = by["adaptive+lora"].with_adapters(["chat", "code"])
+    assert lora.proposers == ("none", "ngram", "jacobi", "draft", "lora:chat", "lora:code")
+    assert lora.lora and by["static:draft:2"].with_adapters([]) is by["static:draft:2"]
+    with pytest.raises(ValueError, match="needs LoRA adapters"):
+        by["adaptive+lora"].with_adapters([])
+    with pytest.raises(ValueError, match="needs a drafter directory"):
+        server_command(by["static:draft:2"], _settings(), 1)
+    # the n-gram engine of the other plugin configurations is unchanged
+    assert s.speculative_config(by["adaptive"])["method"] == "ngram"
+
+
+def test_drafter_configs_resolve_the_shipped_head_and_its_adapters(default_model_dir, capsys):
+    from adaptive_spec.commands.bench.serve_resolve import Plan, resolve_drafter
+    from adaptive_spec.commands.cli import build_parser, main
+    from adaptive_spec.vllm.eagle3 import default_head_path, head_adapters, shipped_head_dir
+
+    argv = ["bench", "serve", "--dtype", "float32", "--configs", "none,adaptive+lora"]
+    plan = Plan(build_parser().parse_args(argv))
+    drafter, method = resolve_drafter(plan, build_parser().parse_args(argv))
+    assert drafter == default_head_path("float32") and method == "eagle3"
+    names = sorted(head_adapters(shipped_head_dir()))
+    assert names and plan.configs[1].proposers[4:] == tuple(f"lora:{n}" for n in names)
+    # no drafter for the tiny model of --quick, nor an adapter the head does not store
+    for extra, needle in [
+        (["--quick", "--configs", "none,static:draft:2"], "give --draft-model DIR"),
+        (["--configs", "none,static:lora:poetry:2"], "no adapter 'poetry'"),
+        (["--configs", "none,adaptive+draft", "--draft-model", "/nonexistent"], "not a directory"),
+    ]:
+        assert main(["bench", "serve", "--dry-run", "--dtype", "float32", *extra]) == 2
+        assert needle in capsys.readouterr().out
 
 
 def _result(ttfts, latencies, lens, texts, itls=None, errors=None, duration=10.0):

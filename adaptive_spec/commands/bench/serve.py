@@ -154,6 +154,13 @@ def add_parser(sub: Any) -> None:
         "--model", default=None, help="target model directory (default: embedded; quick: tiny)"
     )
     p.add_argument(
+        "--draft-model",
+        default=None,
+        help="drafter directory for the configurations with draft/lora arms (static:draft:<k>, "
+        "static:lora:<adapter>:<k>, adaptive+draft, adaptive+lora): an EAGLE-3 head or a draft model "
+        "(default: the shipped EAGLE-3 head for the embedded model, and its LoRA adapters)",
+    )
+    p.add_argument(
         "--dtype",
         default=None,
         type=dtype_arg,

@@ -8,7 +8,8 @@ name                           kind       server
 ``none``                       baseline   no ``--speculative-config``, no plugin: what an operator runs
                                           without speculation
 ``static:<p>:<k>``             static     the plugin (``ADAPTIVE_SPEC=1``) with ``ADAPTIVE_SPEC_POLICY=
-                                          static:<p>:<k>``, p in ngram, jacobi; engine n-gram, max_k
+                                          static:<p>:<k>``, p in ngram, jacobi; engine n-gram, max_k;
+                                          p = draft or lora:<adapter>: the drafter's engine (below)
 ``vllm-ngram[:<k>]``           static     vLLM's own n-gram speculation with k (default max_k), no plugin
 ``vllm-dynamic[:<table>]``     table      vLLM's n-gram with ``num_speculative_tokens_per_batch_size``:
                                           the table given (``1-2=8,3-8=4,9-16=2``) or, bare, tuned from
@@ -17,7 +18,16 @@ name                           kind       server
 ``-greedy``, ``-eps``)                    (``ADAPTIVE_SPEC_STATE``), saved by the server
 ``adaptive-warm``              adaptive   the plugin's default policy, loading the state that ``adaptive``
                                           saved in this run (or ``--warm-state FILE``)
+``adaptive+draft``             adaptive   the plugin's default policy over none, n-gram, Jacobi and the
+                                          drafter (``draft``), on the drafter's engine
+``adaptive+lora``              adaptive   the same with every LoRA adapter of the drafter as well
+                                          (``lora:<adapter>``; the ``uni`` executor)
 ============================== ========== =================================================================
+
+The **drafter's engine** (``draft`` and ``lora:<adapter>`` arms) is started with ``--speculative-config
+'{"method": "eagle3", "model": <drafter>, ...}'`` (``draft_model`` for a drafter that is not an EAGLE-3
+head): the shipped EAGLE-3 head for the embedded model, or ``--draft-model``; its LoRA adapters are the
+ones stored with the shipped head.
 
 A **load pattern** is one pass of vLLM's serving-benchmark client (``vllm.benchmarks.serve``):
 
@@ -41,13 +51,18 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from adaptive_spec.commands.bench.plan import parse_k, parse_static_arm
 
 KINDS = ("baseline", "static", "table", "adaptive")
-STATIC_PROPOSERS = ("ngram", "jacobi")
+STATIC_PROPOSERS = ("ngram", "jacobi", "draft")
 ADAPTIVE_POLICIES = ("adaptive", "adaptive-ucb", "adaptive-greedy", "adaptive-eps")
+#: Adaptive configurations with the engine's drafter: their proposers (``lora``: every adapter).
+DRAFTER_ADAPTIVE = {
+    "adaptive+draft": ("none", "ngram", "jacobi", "draft"),
+    "adaptive+lora": ("none", "ngram", "jacobi", "draft", "lora"),
+}
 PATTERN_KINDS = ("steady", "ramp", "burst", "mixtemp")
 DEFAULT_RATES = (0.5, 2.0, 8.0)
 QUICK_RATES = (2.0, 8.0)
@@ -71,9 +86,11 @@ HOT_TEMPERATURE = 1.0
 CALIBRATE_FACTORS = (0.25, 1.0, 4.0)
 
 CONFIG_HELP = (
-    "none, static:<ngram|jacobi>:<k>, vllm-ngram[:<k>], vllm-dynamic[:<s>-<e>=<k>,...], "
+    "none, static:<ngram|jacobi|draft|lora:<adapter>>:<k>, vllm-ngram[:<k>], "
+    "vllm-dynamic[:<s>-<e>=<k>,...], "
     + ", ".join(ADAPTIVE_POLICIES)
-    + ", adaptive-warm"
+    + ", adaptive-warm, "
+    + ", ".join(DRAFTER_ADAPTIVE)
 )
 PATTERN_HELP = (
     "steady:<rate>, ramp:<start>-<end>, burst:<rate>:<burstiness>, mixtemp:<rate>:<share>, "
@@ -104,6 +121,8 @@ class ServerConfig:
         ``vllm-dynamic``'s table; None for a bare ``vllm-dynamic`` (tuned in the run).
     warm : bool
         Loads a saved policy state (``adaptive-warm``).
+    drafter : bool
+        Runs on the drafter's engine (its proposers include ``draft`` / ``lora:<adapter>``).
     """
 
     name: str
@@ -114,6 +133,12 @@ class ServerConfig:
     k: int | None = None
     table: tuple[tuple[int, int, int], ...] | None = None
     warm: bool = False
+    drafter: bool = False
+
+    @property
+    def lora(self) -> bool:
+        """Whether an arm drafts with a LoRA adapter (the server needs the ``uni`` executor)."""
+        return any(p == "lora" or p.startswith("lora:") for p in self.proposers or ())
 
     @property
     def speculative(self) -> bool:
@@ -128,14 +153,27 @@ class ServerConfig:
             return 4
         return {"baseline": 0, "static": 1, "table": 2, "adaptive": 3}[self.kind]
 
-    def speculative_config(self, max_k: int) -> dict[str, object] | None:
+    def speculative_config(
+        self, max_k: int, drafter: str | None = None, method: str = "eagle3"
+    ) -> dict[str, object] | None:
         """The ``--speculative-config`` JSON object (None for ``none``).
 
         Plugin configurations run the engine's n-gram method with ``num_speculative_tokens = max_k``
-        (the largest k an arm may use); vLLM's own configurations use their k or table.
+        (the largest k an arm may use), or with a drafter the drafter's ``method`` (``eagle3`` or
+        ``draft_model``) and model directory ``drafter``; vLLM's own configurations use their k or
+        table.
+
+        Raises
+        ------
+        ValueError
+            For a configuration with a drafter and no ``drafter`` directory.
         """
         if not self.speculative:
             return None
+        if self.drafter:
+            if not drafter:
+                raise ValueError(f"{self.name}: needs a drafter directory (--draft-model)")
+            return {"method": method, "model": str(drafter), "num_speculative_tokens": max_k}
         spec: dict[str, object] = {
             "method": "ngram",
             "num_speculative_tokens": max_k,
@@ -154,9 +192,27 @@ class ServerConfig:
     def with_table(self, table: list[list[int]] | tuple[tuple[int, int, int], ...]) -> ServerConfig:
         """A copy with ``table`` set (``vllm-dynamic``)."""
         rows = tuple((int(a), int(b), int(c)) for a, b, c in table)
-        return ServerConfig(
-            self.name, self.kind, self.plugin, self.policy, self.proposers, self.k, rows, self.warm
-        )
+        return replace(self, table=rows)
+
+    def with_adapters(self, adapters: list[str]) -> ServerConfig:
+        """A copy whose ``lora`` proposer is expanded into ``lora:<adapter>`` for each of ``adapters``.
+
+        Raises
+        ------
+        ValueError
+            For a configuration with ``lora`` and no adapter.
+        """
+        if "lora" not in (self.proposers or ()):
+            return self
+        if not adapters:
+            raise ValueError(
+                f"--configs entry {self.name!r} needs LoRA adapters and the drafter has none; "
+                "train them (adaptive-spec distill --student eagle3 --lora NAME) or leave it out"
+            )
+        props: list[str] = []
+        for p in self.proposers or ():
+            props += [f"lora:{a}" for a in adapters] if p == "lora" else [p]
+        return replace(self, proposers=tuple(props))
 
 
 def parse_table(text: str, *, where: str = "vllm-dynamic") -> tuple[tuple[int, int, int], ...]:
@@ -203,11 +259,20 @@ def parse_server_config(name: str, max_k: int = 8) -> ServerConfig:
         return ServerConfig(name, "adaptive", plugin=True, policy=name)
     if name == "adaptive-warm":
         return ServerConfig(name, "adaptive", plugin=True, policy="adaptive", warm=True)
+    if name in DRAFTER_ADAPTIVE:
+        return ServerConfig(
+            name, "adaptive", plugin=True, policy="adaptive", proposers=DRAFTER_ADAPTIVE[name],
+            drafter=True,
+        )  # fmt: skip
     head, _, rest = name.partition(":")
     where, hint = f"--configs entry {name!r}", " (raise --max-k for more)"
     if head == "static":
-        prop, k = parse_static_arm(rest, max_k, where, STATIC_PROPOSERS, hint=hint)
-        return ServerConfig(name, "static", plugin=True, policy=name, proposers=("none", prop), k=k)
+        prop, k = parse_static_arm(rest, max_k, where, STATIC_PROPOSERS, lora=True, hint=hint)
+        drafter = prop == "draft" or prop.startswith("lora:")
+        props = ("none", "draft", prop) if prop.startswith("lora:") else ("none", prop)
+        return ServerConfig(
+            name, "static", plugin=True, policy=name, proposers=props, k=k, drafter=drafter
+        )
     if head == "vllm-ngram":
         k = parse_k(rest, max_k, where, hint=hint) if rest else max_k
         return ServerConfig(name, "static", k=k)

@@ -177,15 +177,57 @@ def target_model(args: argparse.Namespace) -> Path:
     return default_model_path(args.dtype or default_dtype())
 
 
-def server_settings(plan: Plan, args: argparse.Namespace) -> ServerSettings:
-    """What every configuration's server shares, from the plan and the command line.
+def resolve_drafter(plan: Plan, args: argparse.Namespace) -> tuple[Path | None, str]:
+    """The drafter of the configurations with ``draft`` / ``lora:<adapter>`` arms and vLLM's method for
+    it: ``--draft-model``, else the shipped EAGLE-3 head for the embedded model (assembled into the
+    cache on first use); (None, "eagle3") when no configuration needs one. Expands ``adaptive+lora``'s
+    adapters in ``plan.configs`` (those stored with the shipped head).
 
     Raises
     ------
     ValueError
-        When ``--model`` is not a model directory.
+        For a drafter configuration with ``--model`` or ``--quick`` and no ``--draft-model``, a
+        ``--draft-model`` that is not a directory, or a LoRA adapter the drafter does not have.
+    """
+    if not any(c.drafter for c in plan.configs):
+        return None, "eagle3"
+    from adaptive_spec.vllm.eagle3 import default_head_path, draft_method, drafter_adapters
+
+    names = ",".join(c.name for c in plan.configs if c.drafter)
+    if args.draft_model:
+        drafter = Path(args.draft_model).expanduser()
+        if not drafter.is_dir():
+            raise ValueError(f"--draft-model={args.draft_model!r} is not a directory")
+    elif args.model or plan.quick:
+        raise ValueError(
+            f"--configs {names} needs a drafter: give --draft-model DIR (the shipped head fits the "
+            "embedded model only)"
+        )
+    else:
+        drafter = default_head_path(plan.dtype)
+    adapters = sorted(drafter_adapters(drafter))
+    plan.configs = [c.with_adapters(adapters) for c in plan.configs]
+    for c in plan.configs:
+        missing = [p for p in c.proposers or () if p.startswith("lora:") and p[5:] not in adapters]
+        if missing:
+            raise ValueError(
+                f"--configs entry {c.name!r}: the drafter has no adapter {missing[0][5:]!r}; it has "
+                f"{', '.join(adapters) or 'none'}"
+            )
+    return drafter, draft_method(drafter)
+
+
+def server_settings(plan: Plan, args: argparse.Namespace) -> ServerSettings:
+    """What every configuration's server shares, from the plan and the command line (with
+    :func:`resolve_drafter`, which expands ``adaptive+lora``'s adapters in ``plan.configs``).
+
+    Raises
+    ------
+    ValueError
+        When ``--model`` is not a model directory, or as :func:`resolve_drafter`.
     """
     model = target_model(args)
+    drafter, method = resolve_drafter(plan, args)
     return ServerSettings(
         model=model,
         served_name="tiny" if plan.quick and not args.model else "smollm2",
@@ -199,6 +241,8 @@ def server_settings(plan: Plan, args: argparse.Namespace) -> ServerSettings:
         seed=args.seed,
         extra_args=tuple(args.server_arg),
         multiprocessing=bool(getattr(args, "multiprocessing", False)),
+        drafter=drafter,
+        drafter_method=method,
     )
 
 

@@ -155,7 +155,7 @@ class Runner:
         info: dict[str, Any] = {
             "command": cmd,
             "env": {k: v for k, v in env.items() if k.startswith(("ADAPTIVE_SPEC", "VLLM_"))},
-            "speculative_config": cfg.speculative_config(self.plan.max_k),
+            "speculative_config": self.settings.speculative_config(cfg),
             "log": str(log),
             "port": port,
             "state": str(state) if state else None,

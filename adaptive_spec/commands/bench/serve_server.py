@@ -61,6 +61,11 @@ class ServerSettings:
     multiprocessing : bool
         vLLM's default process layout (``VLLM_ENABLE_V1_MULTIPROCESSING=1``: the engine core in its own
         process, beside the API server); False keeps the engine core in the API server's process.
+    drafter : Path or None
+        The drafter's loadable directory, for configurations with ``draft`` / ``lora:<adapter>`` arms
+        (None: no configuration needs one).
+    drafter_method : str
+        vLLM's speculative method for it: ``eagle3`` (an EAGLE-3 head) or ``draft_model``.
     """
 
     model: Path
@@ -75,6 +80,13 @@ class ServerSettings:
     seed: int = 0
     extra_args: tuple[str, ...] = field(default=())
     multiprocessing: bool = False
+    drafter: Path | None = None
+    drafter_method: str = "eagle3"
+
+    def speculative_config(self, cfg: ServerConfig) -> dict[str, object] | None:
+        """``cfg``'s ``--speculative-config`` object on these settings (its drafter, if it has one)."""
+        drafter = str(self.drafter) if self.drafter is not None else None
+        return cfg.speculative_config(self.max_k, drafter, self.drafter_method)
 
 
 def free_port(host: str = HOST) -> int:
@@ -114,9 +126,12 @@ def server_command(cfg: ServerConfig, settings: ServerSettings, port: int) -> li
     ]
     if s.enforce_eager:
         cmd.append("--enforce-eager")
-    spec = cfg.speculative_config(s.max_k)
+    spec = s.speculative_config(cfg)
     if spec is not None:
         cmd += ["--speculative-config", json.dumps(spec)]
+    if cfg.lora:
+        # the adapters live in the drafter of the engine-core process (docs/serving.md)
+        cmd += ["--distributed-executor-backend", "uni"]
     if cfg.plugin and cfg.kind == "adaptive":
         # Lets the engine core save the policy state when its busy loop ends (docs/serving.md).
         cmd += ["--shutdown-timeout", "5"]
