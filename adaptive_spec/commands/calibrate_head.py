@@ -70,20 +70,21 @@ def learn_drafter_prior(
     Raises
     ------
     ValueError
-        If ``llm`` has no drafter (``draft_model`` or ``eagle3`` method).
+        If ``llm`` has no drafter (a method of :data:`adaptive_spec.vllm.checks.DRAFT_METHODS`).
     """
     from adaptive_spec.core.controller import AdaptiveController
     from adaptive_spec.core.priors import DRAFTER_ROW, select_rows
     from adaptive_spec.vllm import AdaptiveSpec
+    from adaptive_spec.vllm.checks import DRAFT_METHODS
     from adaptive_spec.vllm.engine import request_seed, sampling_params
 
     proposers = ["none", "ngram", "jacobi", DRAFTER_ROW]
     spec_config = llm.llm_engine.vllm_config.speculative_config
     method = getattr(spec_config, "method", None)
-    if method not in ("eagle3", "draft_model"):
+    if method not in DRAFT_METHODS:
         raise ValueError(
-            f"the engine has no drafter (speculative method {method!r}); build it with "
-            "method='eagle3' or 'draft_model'"
+            f"the engine has no drafter (speculative method {method!r}); build it with a method "
+            f"among {', '.join(DRAFT_METHODS)}"
         )
     policy = AdaptiveController(
         proposers,

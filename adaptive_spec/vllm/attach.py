@@ -235,7 +235,7 @@ class AdaptiveSpec:
             )
         mc = core.vllm_config.model_config
         self.engine_key = engine_key(mc.model, str(mc.dtype))
-        drafter = spec_config.model if spec_config.method in ("eagle3", "draft_model") else None
+        drafter = spec_config.model if spec_config.method in DRAFT_METHODS else None
         self.prior_key = prior_key(self.engine_key, drafter)  # what the shipped priors match
         self._load_policy_state(policy_state, prior)
         self.vocab_size = int(mc.get_vocab_size())
