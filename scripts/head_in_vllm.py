@@ -46,6 +46,11 @@ def _args() -> argparse.Namespace:
         "if it stores any, are the lora arms",
     )
     a("--no-lora", action="store_true", help="the draft arm only (no lora:<name> arms)")
+    a(
+        "--drafter-float32",
+        action="store_true",
+        help="keep the head's products in float32 (default: bf16 weights where the CPU has native bf16)",
+    )
     a("--out", default="head_in_vllm.json", help="JSON results (default head_in_vllm.json)")
     return ap.parse_args()
 
@@ -105,6 +110,7 @@ def main() -> None:
         draft_model=head,
         enforce_eager=args.eager,
         lora_sites=bool(adapters) and not args.no_lora_sites,
+        drafter_bf16=False if args.drafter_float32 else None,
     )
     tok = llm.get_tokenizer()
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -154,7 +160,11 @@ def main() -> None:
     for row in rows:
         row["identical"] = row.pop("toks") == ref[row["workload"]]
     mode = "eager" if args.eager else "compiled"
-    print(f"\nengine: c={args.concurrency}, k={args.k}, {mode}, float32")
+    from adaptive_spec.vllm.drafter_bf16 import bf16_layers
+
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    products = "bf16" if bf16_layers(runner.drafter.model) else "float32"
+    print(f"\nengine: c={args.concurrency}, k={args.k}, {mode}, float32, head products {products}")
     print(
         f"{'arm':<12}"
         + "".join(f"{'acc ' + w:>13}" for w in workloads)
@@ -182,7 +192,9 @@ def main() -> None:
     same = sum(x["identical"] for x in rows)
     print(f"greedy output identical to the base head's: {same}/{len(rows)} runs")
     Path(args.out).write_text(
-        json.dumps({"args": vars(args), "rows": rows, "medians": med}, indent=1)
+        json.dumps(
+            {"args": vars(args), "head_products": products, "rows": rows, "medians": med}, indent=1
+        )
     )
     print(f"wrote {args.out}")
 

@@ -14,6 +14,9 @@ as ``method: "eagle3"``. The worker checks:
 * the KV-cache pass deferred on steps without draft passes (:mod:`adaptive_spec.vllm.deferred_kv`)
   leaves the drafter's cache as vLLM's own pass does: the first draft pass of every drafting step,
   which attends to all earlier positions, gives the same output, and the head drafts the same tokens;
+* the head's linear layers run their products on bf16 weights in this float32 engine where the CPU
+  has native bf16 (:mod:`adaptive_spec.vllm.drafter_bf16`), the target's never: every check above
+  then runs with the converted head;
 * LoRA adapters on the head (:class:`adaptive_spec.vllm.lora_draft.LoraDraftManager` on vLLM's EAGLE-3
   drafter): the hooks against a dense reference, including ``qkv_proj`` over the head's 2 x hidden
   input; greedy identity with requests of one batch on different adapters or none, each request's
@@ -51,6 +54,7 @@ CHECKS = (
     "lora-mixed",
     "lora-adaptive",
     "drafter-prior",
+    "drafter-bf16",
 )
 TIMEOUT_S = 420
 
@@ -447,6 +451,19 @@ def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
         return f"{got.observed:.0f} observations, position 1 acceptance {got.first:.2f}"
 
     check("drafter-prior", drafter_prior)
+
+    def drafter_bf16():
+        from adaptive_spec.core.machine import native_bf16
+        from adaptive_spec.vllm.drafter_bf16 import bf16_layers
+
+        got = bf16_layers(runner.drafter.model)
+        # fc, qkv_proj, o_proj, gate_up_proj, down_proj and the LM head
+        want = 6 if native_bf16() else 0
+        assert got == want, f"{got} bf16 layers in the drafter, expected {want}"
+        assert bf16_layers(runner.model) == 0, "the target's layers must stay float32"
+        return f"{got} drafter layers in bf16"
+
+    check("drafter-bf16", drafter_bf16)
 
 
 # -- tests -----------------------------------------------------------------------------------------

@@ -78,6 +78,7 @@ def build_llm(
     kv_cache_gib: float = 1.0,
     speculative_extra: dict[str, Any] | None = None,
     lora_sites: bool = False,
+    drafter_bf16: bool | None = None,
     **kwargs: Any,
 ) -> Any:
     """Build a ``vllm.LLM`` whose engine core runs in this process, with speculative decoding.
@@ -111,6 +112,10 @@ def build_llm(
         Build the drafter with LoRA sites (:mod:`adaptive_spec.vllm.lora_sites`), so that the adapters
         of ``lora:<name>`` arms run inside its compiled pass; without them an adapted pass runs eagerly.
         Needs ``draft_model``.
+    drafter_bf16 : bool, optional
+        Run the drafter's matrix products on bf16 copies of its weights
+        (:mod:`adaptive_spec.vllm.drafter_bf16`): half the bytes a draft pass reads, the same output.
+        None (the default): yes in a float32 engine on a CPU with native bf16, no otherwise.
 
     Raises
     ------
@@ -156,9 +161,14 @@ def build_llm(
         spec["model"] = str(draft_model)
     if spec is not None and speculative_extra:
         spec.update(speculative_extra)
+    from adaptive_spec.vllm.drafter_bf16 import bf16_drafter, wants_bf16_drafter
     from adaptive_spec.vllm.lora_sites import lora_sites as sites
 
-    with sites() if lora_sites else contextlib.nullcontext():
+    bf16 = wants_bf16_drafter(dtype, drafter_bf16) and method in ("draft_model", "eagle3")
+    with (
+        sites() if lora_sites else contextlib.nullcontext(),
+        bf16_drafter() if bf16 else contextlib.nullcontext(),
+    ):
         llm = LLM(
             model=str(model),
             dtype=dtype,

@@ -267,5 +267,10 @@ def register() -> None:
             from adaptive_spec.vllm.lora_sites import enable_lora_sites
 
             enable_lora_sites()  # the adapters run inside the drafter's compiled pass
+        if any(p == "draft" or p.startswith("lora:") for p in config.proposers):
+            from adaptive_spec.vllm.drafter_bf16 import enable_bf16_drafter, wants_bf16_drafter
+
+            if wants_bf16_drafter("float32"):  # only a float32 drafter's layers are converted
+                enable_bf16_drafter()  # half the bytes per draft pass, the same output
         _shutdown_grace_installed = _patch_shutdown_grace()
         logger.debug("adaptive-spec plugin registered (%s)", config.source)
