@@ -49,6 +49,7 @@ from adaptive_spec.vllm.checks import (
 from adaptive_spec.vllm.hooks import StepHooks
 from adaptive_spec.vllm.next_drafts import NextDrafts
 from adaptive_spec.vllm.patches import InstancePatches
+from adaptive_spec.vllm.proposer_setup import make_lora, make_proposers
 
 logger = logging.getLogger(__name__)
 
@@ -240,10 +241,12 @@ class AdaptiveSpec:
         self._load_policy_state(policy_state, prior)
         self.vocab_size = int(mc.get_vocab_size())
         self.max_model_len = int(mc.max_model_len)
-        self.proposers: dict[str, Any] = self._make_proposers(ngram_min, ngram_max, suffix)
+        self.proposers: dict[str, Any] = make_proposers(
+            self.proposer_names, self.max_k, ngram_min, ngram_max, suffix, self._lora_name_of
+        )
         # Draft-model proposers: the base draft and its LoRA adapters share the engine's one drafter.
         self.drafter_family = [p for p in proposers if p == "draft" or p.startswith("lora:")]
-        self.lora = self._make_lora(lora_adapters)
+        self.lora = make_lora(self.core, self.proposer_names, lora_adapters)
         self.category_of = category_of
         self.metrics = SpecMetrics()
         self.tracer: TraceWriter | None = None
@@ -382,79 +385,10 @@ class AdaptiveSpec:
 
             self.prior_applied = apply_prior(self.policy, self.prior_key)
 
-    def _make_proposers(
-        self, ngram_min: int, ngram_max: int, suffix: Mapping[str, Any] | None
-    ) -> dict[str, Any]:
-        """The proposers AdaptiveSpec runs itself (``ngram``, ``jacobi``, ``suffix``), by name."""
-        names = self.proposer_names
-        out: dict[str, Any] = {}
-        if "ngram" in names or "jacobi" in names:
-            from adaptive_spec.proposers import JacobiProposer, NgramProposer
-        if "ngram" in names:
-            try:
-                out["ngram"] = NgramProposer(min_n=ngram_min, max_n=ngram_max, max_k=self.max_k)
-            except ValueError as e:
-                raise ValueError(
-                    f"ngram_min={ngram_min!r}, ngram_max={ngram_max!r} are invalid ({e}); allowed: "
-                    "1 <= ngram_min <= ngram_max <= 64"
-                ) from None
-        if "jacobi" in names:
-            out["jacobi"] = JacobiProposer(max_k=self.max_k)
-        if "suffix" in names:
-            out["suffix"] = self._make_suffix(suffix)
-        return out
-
-    def _make_suffix(self, options: Mapping[str, Any] | None) -> Any:
-        from adaptive_spec.proposers import SuffixProposer
-
-        opts = dict(options or {})
-        if "max_k" in opts:
-            raise ValueError(
-                f"suffix={options!r} is invalid: max_k is the engine's num_speculative_tokens; "
-                "allowed: SuffixProposer's other parameters"
-            )
-        if opts.get("scope") == "tenant" and opts.get("tenant_of") is None:
-            opts["tenant_of"] = self._lora_name_of
-        try:
-            return SuffixProposer(max_k=self.max_k, **opts)
-        except TypeError as e:
-            raise ValueError(
-                f"suffix={options!r} is invalid ({e}); allowed: SuffixProposer's parameters"
-            ) from None
-
     def _lora_name_of(self, req_id: str) -> str | None:
         """The LoRA adapter of a request (the suffix proposer's tenant with ``scope="tenant"``)."""
         r = self.scheduler.requests.get(req_id)
         return getattr(getattr(r, "lora_request", None), "lora_name", None)
-
-    def _make_lora(self, lora_adapters: Mapping[str, Any]) -> Any:
-        """The drafter's LoRA manager with the adapters of the ``lora:<name>`` proposers, or None."""
-        used = {p.removeprefix("lora:") for p in self.proposer_names if p.startswith("lora:")}
-        if not used:
-            return None
-        from adaptive_spec.vllm.lora_draft import (
-            LoraAdapter,
-            LoraDraftManager,
-            load_lora_adapter,
-        )
-
-        loaded = {
-            n: a if isinstance(a, LoraAdapter) else load_lora_adapter(a, n)
-            for n, a in lora_adapters.items()
-            if n in used
-        }
-        lora = LoraDraftManager(
-            self.core,
-            max_rank=max(a.rank for a in loaded.values()),
-            max_adapters=len(loaded),
-        )
-        try:
-            for n, a in loaded.items():
-                lora.register(n, a)
-        except BaseException:
-            lora.detach()
-            raise
-        return lora
 
     def _open_trace(self, trace: str | Path, trace_argmax: bool, vllm_version: str) -> None:
         """Start the JSONL step trace; its header says what a replay needs (:mod:`adaptive_spec.core.trace`)."""
