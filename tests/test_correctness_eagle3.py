@@ -10,7 +10,8 @@ as ``method: "eagle3"``. The worker checks:
   changes proposer and k every step, and for the adaptive controller;
 * acceptance through vLLM is partly right (the head's alignment is vLLM's);
 * the drafter's passes per step follow the largest k the decisions use (``num_spec_tokens_to_schedule``,
-  counted at the drafter), 0 passes beyond the KV-cache pass when no request drafts with it;
+  counted at the drafter), 0 passes beyond the KV-cache pass when no request drafts with it, and a
+  static arm's k at most (no probes for longer chains a static arm never takes);
 * the KV-cache pass deferred on steps without draft passes (:mod:`adaptive_spec.vllm.deferred_kv`)
   leaves the drafter's cache as vLLM's own pass does: the first draft pass of every drafting step,
   which attends to all earlier positions, gives the same output, and the head drafts the same tokens;
@@ -48,6 +49,7 @@ CHECKS = (
     "identity-adaptive",
     "acceptance-mixed",
     "passes-follow-k",
+    "passes-static-cap",
     "passes-idle",
     "kv-deferred",
     "lora-hooks",
@@ -278,6 +280,18 @@ def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
         return f"passes per step {seen}"
 
     check("passes-follow-k", passes_follow_k)
+
+    def passes_static_cap():
+        # a static arm never takes longer chains: after the first step the drafter runs its k passes
+        # and no probe beyond them; a static arm of another proposer, none at all
+        _, _, seen = run("passes-static", "static:draft:2", ("none", "ngram", "draft"), defer=False)
+        assert seen[1:] and all(n <= 2 for n in seen[1:]), seen
+        assert seen[1:].count(2) >= 0.8 * len(seen[1:]), seen
+        _, _, other = run("passes-static-ngram", "static:ngram:2", ("none", "ngram", "draft"))
+        assert all(n == 0 for n in other), other  # deferred: the drafter never drafts
+        return f"static:draft:2 passes per step {seen}"
+
+    check("passes-static-cap", passes_static_cap)
 
     def passes_idle():
         _, _, seen = run("passes-none", ScriptedPolicy(arms, MAX_K, fixed(NO_SPEC)), defer=False)

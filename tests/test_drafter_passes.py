@@ -1,4 +1,5 @@
-"""The drafter's pass plan: the largest k in use, probes while it is unused or fully used."""
+"""The drafter's pass plan: the largest k in use, probes while it is unused or fully used, and the
+cap a static arm puts on it."""
 
 from __future__ import annotations
 
@@ -26,6 +27,17 @@ def test_idle_plan_is_zero_with_doubling_probes():
     assert p.plan([2], [4]) == 2 and p.gap == 2
 
 
+def test_idle_probes_follow_the_last_use_at_its_k():
+    """Idle probes draft the k last taken (not the full length), at doubling gaps."""
+    p = DrafterPasses(4, gap=1)
+    assert p.plan([2], [4]) == 2
+    plans = [p.plan([0], [2]) for _ in range(16)]
+    # probes at the k last used (2) after 1, 2, 4 and 8 steps without use
+    assert [i for i, n in enumerate(plans) if n] == [0, 2, 6, 14]
+    assert set(plans) == {0, 2}
+    assert p.plan([1], [2]) == 1 and p.gap == 1
+
+
 def test_full_use_probes_for_longer_chains():
     p = DrafterPasses(4, grow_every=3)
     plans = [p.plan([2], [2]) for _ in range(7)]
@@ -51,3 +63,23 @@ def test_baseline_is_not_charged_the_passes_beyond_its_k():
     assert passes_not_in_baseline(0.004, 3, 4) == 0.0
     assert passes_not_in_baseline(0.004, None, 0) == 0.0  # passes not planned: all fixed
     assert passes_not_in_baseline(0.0, 3, 0) == 0.0
+
+
+def test_drafter_k_cap_of_policies():
+    """A static arm caps the drafter's k at its own k (0 for a proposer the drafter does not serve);
+    a learning policy leaves it open."""
+    from adaptive_spec.core.arms import Arm, drafts_with_drafter
+    from adaptive_spec.core.baselines import StaticPolicy
+    from adaptive_spec.core.controller import AdaptiveController
+
+    props = ["ngram", "draft", "lora:code"]
+    assert StaticPolicy(props, 4, Arm("draft", 2)).drafter_k_cap() == 2
+    assert StaticPolicy(props, 4, Arm("lora:code", 3)).drafter_k_cap() == 3
+    assert StaticPolicy(props, 4, Arm("ngram", 4)).drafter_k_cap() == 0
+    assert AdaptiveController(props, 4).drafter_k_cap() is None
+    assert [drafts_with_drafter(p) for p in ["none", "ngram", "draft", "lora:x"]] == [
+        False,
+        False,
+        True,
+        True,
+    ]

@@ -26,6 +26,12 @@ def check_proposer_name(name: str) -> str:
     return name
 
 
+def drafts_with_drafter(proposer: str) -> bool:
+    """Whether the engine's drafter (a draft model or an EAGLE head) makes ``proposer``'s drafts:
+    ``draft`` and ``lora:<adapter>`` (the controller runs the other proposers itself)."""
+    return proposer == "draft" or proposer.startswith("lora:")
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class Arm:
     """One arm: ``proposer`` drafts up to ``k`` tokens (``k`` >= 0; ``k = 0`` is no speculation)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adaptive_spec.core.arms import NO_SPEC, Arm
+from adaptive_spec.core.arms import NO_SPEC, Arm, drafts_with_drafter
 from adaptive_spec.core.protocol import Decision, SpecPolicy, StepView
 
 
@@ -55,6 +55,11 @@ class StaticPolicy(SpecPolicy):
             avail = 0 if d is None else min(len(d), r.max_new_tokens - 1)
             arms.append(_cut(self.arm, avail))
         return Decision(arms, [1.0] * len(arms), [[] for _ in arms])
+
+    def drafter_k_cap(self) -> int:
+        """The arm's k when the engine's drafter makes its drafts, else 0: a static arm takes nothing
+        longer, so the drafter never runs passes it cannot use."""
+        return self.arm.k if drafts_with_drafter(self.arm.proposer) else 0
 
     def drafter_preference(self, req_id: str, candidates: list[str]) -> str | None:
         """The arm's own proposer when it is one of the drafter's (``draft`` / ``lora:<name>``), so that

@@ -10,9 +10,9 @@ outcome: the plan is therefore made from the last decision.
 request drafts with the drafter (vLLM then runs only the pass that keeps the drafter's KV cache
 current). A policy can only choose among the drafts offered, so the plan also probes: every
 ``grow_every`` steps in which some request took every drafter draft offered, the next step drafts in
-full (the policy may want longer chains); and while the plan is 0, a full-length probe every ``gap``
-steps, so that the policy sees the drafter's drafts again (the gap doubles after each probe nobody
-used, up to ``max_gap``, and resets when a request drafts again).
+full (the policy may want longer chains); and while the plan is 0, a probe every ``gap`` steps at the
+k last used (in full before any use), so that the policy sees the drafter's drafts again. The gap
+doubles after each probe nobody used, up to ``max_gap``, and resets when a request drafts again.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ class DrafterPasses:
     Parameters
     ----------
     max_k : int >= 1
-        The engine's ``num_speculative_tokens``: the most passes.
+        The most passes: the engine's ``num_speculative_tokens``, or less where the policy never
+        takes more (:meth:`~adaptive_spec.core.protocol.SpecPolicy.drafter_k_cap`).
     gap, max_gap : int
-        Steps between full-length probes while no request uses the drafter: starts at ``gap``, doubles
-        after each unused probe, at most ``max_gap``.
+        Steps between probes (at the k last used) while no request uses the drafter: starts at
+        ``gap``, doubles after each unused probe, at most ``max_gap``.
     grow_every : int
         Steps, among those where some request took every drafter draft offered, between full-length
         probes.
@@ -40,7 +41,7 @@ class DrafterPasses:
         For ``max_k < 1`` or gaps that are not integers with ``1 <= gap <= max_gap``.
     """
 
-    def __init__(self, max_k: int, gap: int = 8, max_gap: int = 128, grow_every: int = 4) -> None:
+    def __init__(self, max_k: int, gap: int = 8, max_gap: int = 128, grow_every: int = 8) -> None:
         if not (isinstance(max_k, int) and max_k >= 1):
             raise ValueError(f"max_k={max_k!r} is invalid; allowed: an integer >= 1")
         if not (isinstance(gap, int) and isinstance(max_gap, int) and 1 <= gap <= max_gap):
@@ -59,6 +60,7 @@ class DrafterPasses:
         self.max_gap = max_gap
         self.gap = gap
         self.next = max_k  # the first step drafts in full, so the policy sees the drafter
+        self.last = max_k  # the largest k last taken from the drafter: the length of idle probes
         self.idle = 0
         self.probing = False
         self.passes = 0  # passes planned over the run (what vLLM ran, with the probes)
@@ -82,7 +84,7 @@ class DrafterPasses:
         """
         used = [(c, o) for c, o in zip(chosen, offered, strict=True) if c > 0]
         if used:
-            want = max(c for c, _ in used)
+            want = self.last = max(c for c, _ in used)
             self.idle, self.gap, self.probing = 0, self.first_gap, False
             if any(c >= o for c, o in used):
                 self.full += 1
@@ -96,7 +98,7 @@ class DrafterPasses:
                 self.probing = False
             self.idle += 1
             if self.idle >= self.gap:
-                want, self.idle, self.probing = self.max_k, 0, True
+                want, self.idle, self.probing = self.last, 0, True
                 self.probes += 1
         self.next = want
         self.passes += want

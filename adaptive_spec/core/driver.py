@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from adaptive_spec.core.arms import NO_SPEC, Arm
+from adaptive_spec.core.arms import NO_SPEC, Arm, drafts_with_drafter
 from adaptive_spec.core.metrics import SpecMetrics
 from adaptive_spec.core.protocol import (
     RequestOutcome,
@@ -265,7 +265,13 @@ class StepDriver:
         self._any_argmax = False
         if not live:
             return DriverDecision([], [], [], [])
-        if self.policy.rests(batch_size):
+        # A step whose drafts the engine's drafter already made (paid for) is never a rest step: it
+        # is how a resting policy sees the drafter's drafts again (its pass plan probes).
+        paid = any(
+            drafts_with_drafter(name) and any(len(d) for d in by_req.values())
+            for name, by_req in (external_drafts or {}).items()
+        )
+        if not paid and self.policy.rests(batch_size):
             return self._rest_decision(live)
         views = [
             RequestView(r.req_id, r.num_output_tokens, r.max_new_tokens, r.temperature)

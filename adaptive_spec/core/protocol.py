@@ -156,7 +156,8 @@ class SpecPolicy(ABC):
         """Whether the coming step is a **rest step**: the step driver skips the proposers and
         :meth:`decide`, every request plays ``none``, and :meth:`observe` still gets the outcome (with
         nothing pending from a decision). A policy that has found nothing worth drafting for a while
-        rests to cost next to nothing; the default never does."""
+        rests to cost next to nothing; the default never does. The driver does not ask on a step
+        for which the engine's drafter has already made drafts (they are paid for)."""
         return False
 
     def jacobi_guess_wanted(self, req_ids: list[str]) -> list[bool]:
@@ -169,6 +170,13 @@ class SpecPolicy(ABC):
         drafts: the engine's drafter runs once per step with one adapter per request, so only the chosen
         one's drafts exist at the next decision. ``None`` (the default) leaves the choice to the caller
         (keep the adapter of the chosen arm, else the current one)."""
+        return None
+
+    def drafter_k_cap(self) -> int | None:
+        """The most draft tokens this policy will ever take from the engine's drafter in one step, or
+        None (the default) when it may take up to ``max_k``. The drafter's pass plan
+        (:class:`~adaptive_spec.core.drafter_passes.DrafterPasses`) probes longer chains only up to it,
+        so a policy that never uses them does not pay for them (0: the drafter runs no draft passes)."""
         return None
 
     def drafter_adapters_wanted(self) -> bool:

@@ -54,9 +54,12 @@ class NextDrafts:
         self.drafter_family = list(drafter_family)
         self.lora = lora
         self.max_model_len = int(max_model_len)
-        # The drafter's passes at the next step: what the decisions use (DrafterPasses), or none when
-        # no proposer of the policy drafts with the drafter.
-        self.passes = DrafterPasses(int(driver.max_k)) if self.drafter_family else None
+        # The drafter's passes at the next step: what the decisions use (DrafterPasses), probing up
+        # to the policy's cap on the drafter's k; none when no proposer of the policy drafts with
+        # the drafter or the cap is 0.
+        cap = policy.drafter_k_cap()
+        most = int(driver.max_k) if cap is None else min(int(cap), int(driver.max_k))
+        self.passes = DrafterPasses(most) if self.drafter_family and most >= 1 else None
 
     def next_passes(self) -> int:
         """The passes the engine's drafter should run at the next step (0: only the pass that keeps
