@@ -359,17 +359,15 @@ def test_jacobi_shadow_rate_starts_low_when_a_prior_scored_it():
     premium=st.sampled_from([0.0, 0.5, 1.0]),
     from_counts=st.booleans(),
     margin=st.sampled_from([-1, 0, 3]),
-    pass_cost=st.sampled_from([0.0, 0.002, 0.02]),
 )
 def test_fused_decision_kernel_equals_its_parts(
-    n, p, k, seed, sampled, kbase, premium, from_counts, margin, pass_cost
+    n, p, k, seed, sampled, kbase, premium, from_counts, margin
 ):
     """``decide_step`` (one call per decision) gives exactly what the posterior means (when it
     is given counts instead of a table), scoring, the cost curve, the allocation (over the curve
     with speculation priced at ``1 + premium`` times its cost, over the draining batch's gains when
-    ``margin`` >= 0), the drafter-pass cap (some proposers standing for the engine's drafter, its
-    passes at ``pass_cost``) and the safety rule's terms give one after another; the predicted times
-    are the curve's."""
+    ``margin`` >= 0) and the safety rule's terms give one after another; the predicted times are the
+    curve's."""
     from adaptive_spec.core.acceptance import N_HIST, N_MATCH, N_TEMP
     from adaptive_spec.core.cost_table import prior_table
 
@@ -404,7 +402,6 @@ def test_fused_decision_kernel_equals_its_parts(
     B = n + int(rng.integers(0, 3))
     cg, cs, mix = ctrl.cost.part_curves(B, n * k, sampled)
     ints = np.concatenate([pos, cap, temp, dlen, mlen])
-    drafter = rng.integers(0, 2, size=p).astype(np.int64)
     buf = kern.StepBuffers(p, k)
     buf.ensure(n)
     buf.ints[:] = -7  # stale contents of an earlier step must not leak into this one
@@ -413,8 +410,7 @@ def test_fused_decision_kernel_equals_its_parts(
     got = kern.decide_step(
         kern.Batch(parts, ints, slots), hist_b, length, layout, given,
         np.stack([acc, tri, prior_a, prior_b]), lam,
-        kern.Objective(cg, cs, mix, ctrl.cost.load, premium, margin, pass_cost, drafter),
-        kbase, bp, buf.arrays,
+        kern.Objective(cg, cs, mix, ctrl.cost.load, premium, margin), kbase, bp, buf.arrays,
     )  # fmt: skip
     offers = kern.Offers(parts, dlen, mlen, cap, temp, hist_b[slots])
     scored, v_max = kern.score(offers, layout, alpha_table, lam)
@@ -424,13 +420,9 @@ def test_fused_decision_kernel_equals_its_parts(
     if margin >= 0:
         g_drain = np.empty_like(g)
         base_n = kern.drain_gains(g, cap, margin, g_drain)
-        t_a = t_alloc if premium else t_curve
-        ks, V, lam2, _ = kern.allocate_base(g_drain, v_max, t_a, base_n)
-        V = kern.trim_drafter_passes(g_drain, ks, choice, drafter, t_a, pass_cost, base_n)
+        ks, V, lam2, _ = kern.allocate_base(g_drain, v_max, t_alloc if premium else t_curve, base_n)
     else:
-        t_a = t_alloc if premium else t_curve
-        ks, V, lam2, _ = kern.allocate(g, v_max, t_a)
-        V = kern.trim_drafter_passes(g, ks, choice, drafter, t_a, pass_cost, float(n))
+        ks, V, lam2, _ = kern.allocate(g, v_max, t_alloc if premium else t_curve)
     kb = np.minimum(kbase, avail[:, bp]) if bp >= 0 else np.zeros(n, dtype=np.int64)
     Vb = int(kb.sum())
     same, e_ctrl, var, e_base = kern.guard_terms(g, gains, ks, kb, choice, bp)
@@ -746,42 +738,3 @@ def test_a_draining_batch_drafts_for_the_requests_that_end_last():
 def test_drain_margin_is_checked(bad):
     with pytest.raises(ValueError, match="drain_margin="):
         AdaptiveController(["ngram"], 4, drain_margin=bad)
-
-
-def test_drafter_passes_are_priced_per_pass():
-    """The engine's drafter runs max-k passes for the whole batch: a chain whose last drafts add less
-    than their pass costs is cut back to the k with the best predicted goodput, and only the
-    drafter's requests are cut."""
-    # request 0 drafts with the drafter (proposer 0), request 1 with n-gram (proposer 1)
-    g = np.array([[0.5, 0.3, 0.04, 0.01], [0.9, 0.8, 0.7, 0.6]])
-    choice = np.array([0, 1], dtype=np.int64)
-    drafter = np.array([1, 0], dtype=np.int64)
-    t_curve = np.full(9, 0.030)  # verification free, as at c = 1 on the CPU
-    ks = np.array([4, 4], dtype=np.int64)
-    V = kern.trim_drafter_passes(g, ks, choice, drafter, t_curve, 0.0007, 2.0)
-    # with passes at 0.7 ms on a 30 ms step: the drafter's chain keeps 2 drafts (the third adds
-    # 0.04 tokens, less than 2 + sum(gains) times 0.7/30), the n-gram request all 4
-    assert ks.tolist() == [2, 4] and V == 6
-    best = [(2.0 + g[0, :m].sum() + g[1].sum()) / (0.030 + 0.0007 * m) for m in range(5)]
-    assert int(np.argmax(best)) == 2
-    ks = np.array([4, 4], dtype=np.int64)
-    assert kern.trim_drafter_passes(g, ks, choice, drafter, t_curve, 0.0, 2.0) == 8
-    assert ks.tolist() == [4, 4]  # no price yet: nothing is cut
-    ks = np.array([4, 4], dtype=np.int64)
-    kern.trim_drafter_passes(g, ks, choice, drafter, t_curve, 0.05, 2.0)
-    assert ks.tolist() == [0, 4]  # passes dearer than anything the head adds: none
-
-
-def test_drafter_pass_cost_is_learned_from_steps():
-    from adaptive_spec.core.drafter_cost import DrafterCost
-
-    c = DrafterCost(weight=0.5)
-    c.observe_passes(0.004, 0)  # no draft pass: not counted
-    c.observe_passes(float("nan"), 3)
-    assert c.pass_s == 0.0 and c.n_pass == 0
-    c.observe_passes(0.003, 2)  # 2 draft passes + the KV-cache pass
-    assert c.pass_s == pytest.approx(0.001)
-    c.observe_passes(0.005, 4)
-    assert c.pass_s == pytest.approx(0.001)
-    c.observe_passes(0.009, 2)
-    assert c.pass_s == pytest.approx(0.002)

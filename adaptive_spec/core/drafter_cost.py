@@ -62,9 +62,7 @@ class DrafterCost:
         self.weight = float(weight)
         self.probe_gap = probe_gap
         self.max_probe_gap = max_probe_gap
-        self.plain_s = 0.0  # moving average of a step's drafter time without adapters (s)
-        self.pass_s = 0.0  # moving average of one draft pass, adapters or not (s)
-        self.n_pass = 0
+        self.plain_s = 0.0  # moving average of a pass without adapters (s)
         self.adapted_s = 0.0  # of a pass with some adapter (s)
         self.n_plain = 0
         self.n_adapted = 0
@@ -98,27 +96,6 @@ class DrafterCost:
         self.plain_s = d if self.n_plain == 0 else (1 - w) * self.plain_s + w * d
         self.n_plain += 1
         return 0.0
-
-    def observe_passes(self, drafter_time_s: float, passes: int | None) -> None:
-        """Count one step's draft passes: ``drafter_time_s`` seconds for ``passes`` draft passes and
-        the one that keeps the drafter's KV cache current. Each pass is priced at the time over
-        ``passes + 1`` (the convention of
-        :func:`~adaptive_spec.core.drafter_passes.passes_not_in_baseline`); steps without draft passes
-        (``passes`` None or 0) and bad times are not counted. :attr:`pass_s` is what the controller
-        charges a decision per pass it asks of the drafter."""
-        d = drafter_time_s
-        if (
-            not passes
-            or isinstance(d, bool)
-            or not isinstance(d, int | float)
-            or not math.isfinite(d)
-            or d <= 0
-        ):
-            return
-        x = d / (int(passes) + 1)
-        w = self.weight
-        self.pass_s = x if self.n_pass == 0 else (1 - w) * self.pass_s + w * x
-        self.n_pass += 1
 
     def decide(
         self, gain_tokens: float | None, token_rate: float, slack_tokens: float, base_rate: float
@@ -157,7 +134,6 @@ class DrafterCost:
     def as_dict(self) -> dict[str, float | int | bool]:
         return {
             "plain_pass_ms": round(1e3 * self.plain_s, 2),
-            "draft_pass_ms": round(1e3 * self.pass_s, 3),
             "adapted_pass_ms": round(1e3 * self.adapted_s, 2),
             "adapted_passes": self.n_adapted,
             "adapter_gain_tokens": round(self.gain_tokens, 3),

@@ -18,7 +18,7 @@ from adaptive_spec.core.acceptance import (
     history_bucket,
     match_bucket_table,
 )
-from adaptive_spec.core.arms import NO_SPEC, Arm, drafts_with_drafter
+from adaptive_spec.core.arms import NO_SPEC, Arm
 from adaptive_spec.core.baselines import baseline_rule
 from adaptive_spec.core.controller_cost import ControllerCost
 from adaptive_spec.core.cost_model import StepCostModel
@@ -169,10 +169,6 @@ class AdaptiveController(SpecPolicy):
         self._adapted = np.array([p.startswith("lora:") for p in self.proposers], dtype=bool)
         self._has_adapted = bool(self._adapted.any())
         self.drafter = DrafterCost()
-        # The proposers whose drafts the engine's drafter makes: their passes are priced per pass.
-        self._drafter_mask = np.array(
-            [drafts_with_drafter(p) for p in self.proposers], dtype=np.int64
-        )
         self.slots = RequestSlots(P)
         self.schedule = ProbeSchedule(probe_every, rest_after, wake_every)
         self.jacobi = JacobiShadow(self._pidx.get("jacobi", -1), shadow_every)
@@ -267,9 +263,8 @@ class AdaptiveController(SpecPolicy):
         buf.ensure(N)
         margin = -1 if self.drain_margin is None or view.queue_len > 0 else self.drain_margin
         objective = kern.Objective(
-            curve_g, curve_s, mix, self.cost.load, self.speculation_premium, margin,
-            self.drafter.pass_s, self._drafter_mask,
-        )  # fmt: skip
+            curve_g, curve_s, mix, self.cost.load, self.speculation_premium, margin
+        )
         res = kern.decide_step(
             kern.Batch(batch.parts, batch.ints, slots),
             self.slots.hist_b,
@@ -389,7 +384,6 @@ class AdaptiveController(SpecPolicy):
         # of it that LoRA adapters added is time the baseline would not have paid.
         d = outcome.drafter_time_s
         extra = self.drafter.observe(d, outcome.drafter_adapters) if d > 0 else 0.0
-        self.drafter.observe_passes(d, outcome.drafter_passes)
         self.cost.update(
             outcome.batch_size,
             outcome.num_verified_tokens,

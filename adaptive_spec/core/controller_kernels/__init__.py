@@ -50,7 +50,6 @@ from .scoring import (
     mixed_curve,
     score,
     score_into,
-    trim_drafter_passes,
 )
 from .step import StepBuffers, decide_step, decided_rows, observe_step
 from .tracking import (
@@ -104,6 +103,5 @@ __all__ = [
     "tracker_add",
     "tracker_commit",
     "tracker_resolve",
-    "trim_drafter_passes",
     "warm_up",
 ]

@@ -144,8 +144,6 @@ class Objective(NamedTuple):
     load: float  # the cost model's load factor, scaling the mixed curve
     premium: float  # >= 0: speculation priced at 1 + premium times the curve's increase
     margin: int  # >= 0: a draining batch counts the requests within margin tokens; -1: all
-    pass_cost: float  # s per pass of the engine's drafter (0: not priced, or no drafter)
-    drafter: np.ndarray  # int64 [P]: 1 for the proposers whose drafts the engine's drafter makes
 
 
 class Observation(NamedTuple):

@@ -160,63 +160,6 @@ def allocate_base(
 
 
 @njit(cache=True)
-def trim_drafter_passes(
-    g: np.ndarray,
-    ks: np.ndarray,
-    choice: np.ndarray,
-    drafter: np.ndarray,
-    t_curve: np.ndarray,
-    pass_cost: float,
-    base: float,
-) -> int:
-    """Cap the k of the requests that draft with the engine's drafter where its passes do not pay.
-
-    The drafter runs as many passes as the largest k any request takes from it, each costing
-    ``pass_cost`` (s) whatever the batch, so that cost belongs to the whole batch, not to one token:
-    the allocation (:func:`allocate_base`) cannot see it. This tries every cap ``m`` from 0 to that
-    largest k on the drafter's requests (``drafter[choice[i]] != 0``) and keeps the one with the best
-    predicted goodput ``(base + sum of the kept gains) / (t(V) + pass_cost * m)`` (ties: the smaller
-    ``m``). ``g`` float64 [N, K] (the gains allocated), ``ks`` int64 [N] (changed in place),
-    ``choice`` int64 [N], ``drafter`` int64 [P], ``t_curve`` float64 [>= V + 1]. Returns the new V."""
-    N = ks.shape[0]
-    m_max = 0
-    V = 0
-    for i in range(N):
-        V += ks[i]
-        c = choice[i]
-        if c >= 0 and drafter[c] != 0 and ks[i] > m_max:
-            m_max = ks[i]
-    if m_max == 0 or pass_cost <= 0.0:
-        return V
-    best = -1.0
-    best_m = m_max
-    for m in range(m_max + 1):
-        e = base
-        v = 0
-        for i in range(N):
-            k = ks[i]
-            c = choice[i]
-            if c >= 0 and drafter[c] != 0 and k > m:
-                k = m
-            for j in range(k):
-                e += g[i, j]
-            v += k
-        gp = e / (t_curve[v] + pass_cost * m)
-        if gp > best:
-            best = gp
-            best_m = m
-    if best_m == m_max:
-        return V
-    V = 0
-    for i in range(N):
-        c = choice[i]
-        if c >= 0 and drafter[c] != 0 and ks[i] > best_m:
-            ks[i] = best_m
-        V += ks[i]
-    return V
-
-
-@njit(cache=True)
 def drain_gains(g: np.ndarray, cap: np.ndarray, margin: int, out: np.ndarray) -> float:
     """The gains that count while a batch drains (no request waits): the run ends when the request
     with the largest remaining budget does, so only the requests within ``margin`` tokens of that

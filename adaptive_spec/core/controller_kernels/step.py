@@ -28,14 +28,7 @@ from .records import (
     StepArrays,
     Tracked,
 )
-from .scoring import (
-    allocate_base,
-    drain_gains,
-    guard_terms,
-    mixed_curve,
-    score_into,
-    trim_drafter_passes,
-)
+from .scoring import allocate_base, drain_gains, guard_terms, mixed_curve, score_into
 from .tracking import (
     records_complete,
     records_open,
@@ -143,9 +136,8 @@ def decide_step(
     objective : Objective
         The step-cost curves at this batch size (:func:`~.scoring.mixed_curve`), the premium on
         speculation (the allocation prices it at ``1 + premium`` times the curve's increase over
-        ``V = 0``; the predicted times returned stay the curve's), the drain margin (the
-        allocation counts only the requests of :func:`~.scoring.drain_gains`; -1: every request)
-        and the engine drafter's cost per pass (:func:`~.scoring.trim_drafter_passes`).
+        ``V = 0``; the predicted times returned stay the curve's) and the drain margin (the
+        allocation counts only the requests of :func:`~.scoring.drain_gains`; -1: every request).
     kbase, bp : int
         The baseline's k at this batch size and its proposer (-1: none).
     buf : StepArrays
@@ -192,7 +184,7 @@ def decide_step(
         g,
     )
     v_max = score_into(Offers(parts, dlen, mlen, cap, temp, hist), layout, table, lam, scored)
-    curve_g, curve_s, sampled, load, premium, margin, pass_cost, drafter = objective
+    curve_g, curve_s, sampled, load, premium, margin = objective
     t_curve = mixed_curve(curve_g, curve_s, sampled, load, v_max + 1)
     t_alloc = t_curve
     if premium > 0.0:
@@ -203,10 +195,8 @@ def decide_step(
         g_alloc = np.empty((N, K))
         base = drain_gains(g, cap, margin, g_alloc)
         ks, V, lam_new, _ = allocate_base(g_alloc, v_max, t_alloc, base)
-        V = trim_drafter_passes(g_alloc, ks, choice, drafter, t_alloc, pass_cost, base)
     else:
         ks, V, lam_new, _ = allocate_base(g, v_max, t_alloc, float(N))
-        V = trim_drafter_passes(g, ks, choice, drafter, t_alloc, pass_cost, float(N))
     kb = np.zeros(N, dtype=np.int64)
     Vb = 0
     if bp >= 0:

@@ -99,8 +99,7 @@ def warm_up() -> None:
     curve = np.array([1.0, 1.1, 1.2, 1.3, 1.4])
     batch = Batch(np.ones(2, dtype=_I64), _ints(0, 0, 9, 9, 0, 0, 2, 0, 0, 0), slots)
     decide_step(batch, zeros_np, committed.length, layout, np.full((8, K), 0.5), counts, 0.0,
-                Objective(curve, curve, 0.5, 1.0, 0.5, 1, 0.01, np.ones(P, dtype=_I64)), 1, 0,
-                buf.arrays)  # fmt: skip
+                Objective(curve, curve, 0.5, 1.0, 0.5, 1), 1, 0, buf.arrays)  # fmt: skip
     lrn = Learning(counts[0], counts[1], 0.99, np.zeros((N, P)), np.zeros((N, P)), zeros_np.copy(),
                    0.3, 0.2, 0.6)  # fmt: skip
     observe_step(Observation(_ints(0, 1, 0, 1), 1, 1, 0.05, 2.0, 0.05), N, 2, 0, False, buf.arrays,
