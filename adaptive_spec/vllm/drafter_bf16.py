@@ -139,8 +139,9 @@ def _install_load_hook() -> None:
             model = original(self, *args, **kwargs)
         finally:
             layer_utils.dispatch_cpu_unquantized_gemm = plain
-        n = sum(bool(getattr(m, MARK, False)) for m in model.modules())
-        logger.info("the drafter's %d linear layer(s) run their products in bf16", n)
+        logger.info(
+            "the drafter's %d linear layer(s) run their products in bf16", bf16_layers(model)
+        )
         return model
 
     _get_model.__wrapped__ = original  # type: ignore[attr-defined]
