@@ -25,6 +25,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from adaptive_spec.core.arms import drafts_with_drafter
+
 logger = logging.getLogger(__name__)
 
 FORMAT = "adaptive-spec-acceptance-prior"
@@ -164,7 +166,7 @@ def apply_prior(controller: Any, key: dict[str, Any]) -> bool:
             applied = True
         except ValueError as e:
             logger.warning("shipped acceptance prior not used: %s", e)
-    arms = [p for p in model.proposers if p == DRAFTER_ROW or p.startswith("lora:")]
+    arms = [p for p in model.proposers if drafts_with_drafter(p)]
     state = shipped_prior(key, drafter=True) if arms else None
     if state is not None:
         try:

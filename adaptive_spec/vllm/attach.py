@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from adaptive_spec.core.arms import drafts_with_drafter
 from adaptive_spec.core.controller import DECISION_FEATURES
 from adaptive_spec.core.driver import StepDriver
 from adaptive_spec.core.machine import engine_key
@@ -245,7 +246,7 @@ class AdaptiveSpec:
             self.proposer_names, self.max_k, ngram_min, ngram_max, suffix, self._lora_name_of
         )
         # Draft-model proposers: the base draft and its LoRA adapters share the engine's one drafter.
-        self.drafter_family = [p for p in proposers if p == "draft" or p.startswith("lora:")]
+        self.drafter_family = [p for p in proposers if drafts_with_drafter(p)]
         self.lora = make_lora(self.core, self.proposer_names, lora_adapters)
         self.category_of = category_of
         self.metrics = SpecMetrics()

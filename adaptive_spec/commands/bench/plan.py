@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adaptive_spec.commands.workloads import CATEGORIES, WORKLOADS
+from adaptive_spec.core.arms import drafts_with_drafter
 
 KINDS = ("baseline", "nospec", "static", "peer", "adaptive", "vllm", "hf")
 ENGINES = ("main", "nospec", "dynamic", "draft", "hf")
@@ -176,7 +177,7 @@ def parse_config(name: str, max_k: int = MAX_K) -> ConfigInfo:
     head, _, rest = name.partition(":")
     if head == "static":
         prop, k = parse_static_arm(rest, max_k, f"config={name!r}", STATIC_PROPOSERS, lora=True)
-        engine = "draft" if prop == "draft" or prop.startswith("lora:") else "main"
+        engine = "draft" if drafts_with_drafter(prop) else "main"
         return ConfigInfo(name, "static", engine, prop, k)
     if head in ("smartspec", "banditspec"):
         if rest not in STATIC_PROPOSERS:

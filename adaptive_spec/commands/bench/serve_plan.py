@@ -54,6 +54,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from adaptive_spec.commands.bench.plan import parse_k, parse_static_arm
+from adaptive_spec.core.arms import drafts_with_drafter
 
 KINDS = ("baseline", "static", "table", "adaptive")
 STATIC_PROPOSERS = ("ngram", "jacobi", "draft")
@@ -268,7 +269,7 @@ def parse_server_config(name: str, max_k: int = 8) -> ServerConfig:
     where, hint = f"--configs entry {name!r}", " (raise --max-k for more)"
     if head == "static":
         prop, k = parse_static_arm(rest, max_k, where, STATIC_PROPOSERS, lora=True, hint=hint)
-        drafter = prop == "draft" or prop.startswith("lora:")
+        drafter = drafts_with_drafter(prop)
         props = ("none", "draft", prop) if prop.startswith("lora:") else ("none", prop)
         return ServerConfig(
             name, "static", plugin=True, policy=name, proposers=props, k=k, drafter=drafter

@@ -18,7 +18,7 @@ from adaptive_spec.core.acceptance import (
     history_bucket,
     match_bucket_table,
 )
-from adaptive_spec.core.arms import NO_SPEC, Arm
+from adaptive_spec.core.arms import NO_SPEC, Arm, drafts_with_drafter
 from adaptive_spec.core.baselines import baseline_rule
 from adaptive_spec.core.controller_cost import ControllerCost
 from adaptive_spec.core.cost_model import StepCostModel
@@ -410,7 +410,7 @@ class AdaptiveController(SpecPolicy):
                 B, outcome.num_verified_tokens, sampled
             )
             base = self.baseline.proposer
-            kb = self.baseline_k(B) if base == "draft" or str(base).startswith("lora:") else 0
+            kb = self.baseline_k(B) if drafts_with_drafter(str(base)) else 0
             passes = passes_not_in_baseline(outcome.drafter_time_s, outcome.drafter_passes, kb)
             charge = self.controller_cost.charge(outcome, B)
             base_time = max(t - extra - passes + dt - charge, 1e-9)

@@ -267,7 +267,9 @@ def register() -> None:
             from adaptive_spec.vllm.lora_sites import enable_lora_sites
 
             enable_lora_sites()  # the adapters run inside the drafter's compiled pass
-        if any(p == "draft" or p.startswith("lora:") for p in config.proposers):
+        from adaptive_spec.core.arms import drafts_with_drafter
+
+        if any(drafts_with_drafter(p) for p in config.proposers):
             from adaptive_spec.vllm.drafter_bf16 import enable_bf16_drafter, wants_bf16_drafter
 
             if wants_bf16_drafter("float32"):  # only a float32 drafter's layers are converted
