@@ -406,6 +406,29 @@ def test_adapters_that_pay_stay_on_and_beat_the_baseline():
     assert_conservative(base, res)
 
 
+def test_drafter_fixed_cost_with_planned_passes():
+    """Where the passes are planned, only steps without draft passes set the drafter's fixed cost:
+    a probe's passes are not read as a cost of every later step."""
+    from adaptive_spec.core.drafter_cost import DrafterCost
+
+    d = DrafterCost(weight=0.5)
+    d.observe(0.020, False)  # vLLM's full passes at every step (no plan): a plain pass is fixed
+    assert d.fixed_s == pytest.approx(0.020)
+    d = DrafterCost(weight=0.5)
+    assert d.observe(0.024, False, passes=4) == 0.0  # a probe of 4 passes
+    assert d.fixed_s == 0.0  # nothing seen yet of a step without passes
+    for _ in range(3):
+        d.observe(0.0001, False, passes=0)
+    assert d.fixed_s == pytest.approx(0.0001)
+    assert d.plain_s == pytest.approx(0.024)  # the passes' own average is kept apart
+    d.observe(0.030, False, passes=4)
+    assert d.fixed_s == pytest.approx(0.0001) and d.n_idle == 3
+    # An adapted KV-cache pass on a step without draft passes counts as adapted, not as fixed.
+    assert d.observe(0.040, True, passes=0) == pytest.approx(0.040 - d.plain_s)
+    assert d.n_idle == 3 and d.n_adapted == 1
+    assert d.as_dict()["fixed_ms"] == pytest.approx(0.1)
+
+
 def test_drafter_cost_rule():
     from adaptive_spec.core.drafter_cost import DrafterCost
 

@@ -13,6 +13,11 @@ otherwise run) never pays it.
 
 * the step-cost table and its load factor learn from the step minus the draft pass (a pass of fixed
   cost read as load would scale every draft token's price);
+* the decisions add only the drafter's fixed part to every step's predicted time
+  (:attr:`DrafterCost.fixed_s`): on an engine whose passes follow the decisions
+  (:mod:`adaptive_spec.core.drafter_passes`), what a step without draft passes costs (the KV-cache pass,
+  or its stash where that pass is deferred), not the mean of all steps (a probe's passes would
+  otherwise be read as a fixed cost of the steps after it, which shifts every k up);
 * the safety rule charges the baseline the plain pass, not the adapted one: the baseline's time on
   a step is the measured time minus :meth:`DrafterCost.observe`'s extra;
 * the next pass applies adapters only while they pay: :meth:`DrafterCost.decide` compares the
@@ -63,6 +68,9 @@ class DrafterCost:
         self.probe_gap = probe_gap
         self.max_probe_gap = max_probe_gap
         self.plain_s = 0.0  # moving average of a pass without adapters (s)
+        self.idle_s = 0.0  # of a step without draft passes, where the passes are planned (s)
+        self.n_idle = 0
+        self.planned = False  # whether steps report their planned passes
         self.adapted_s = 0.0  # of a pass with some adapter (s)
         self.n_plain = 0
         self.n_adapted = 0
@@ -81,14 +89,29 @@ class DrafterCost:
             return 0.0
         return max(self.adapted_s - self.plain_s, 0.0)
 
-    def observe(self, drafter_time_s: float, adapters: bool) -> float:
-        """Count one draft-model pass of ``drafter_time_s`` seconds (``adapters``: whether it
-        applied one). Returns its time beyond a plain pass's (s, >= 0; 0 for a plain pass, a bad
-        time, or before a plain pass was seen): what the baseline would not have paid."""
+    @property
+    def fixed_s(self) -> float:
+        """The drafter time every step pays whatever the decisions (s): where the passes are planned,
+        the moving average of the steps without draft passes (0 before one is seen); otherwise that
+        of a plain pass (vLLM runs the drafter in full at every step)."""
+        return self.idle_s if self.planned else self.plain_s
+
+    def observe(self, drafter_time_s: float, adapters: bool, passes: int | None = None) -> float:
+        """Count one step's draft-model time of ``drafter_time_s`` seconds (``adapters``: whether it
+        applied one; ``passes``: the draft passes planned for the step, None where vLLM runs them
+        all). A step with ``passes == 0`` and no adapter counts toward :attr:`fixed_s` only.
+        Returns its time beyond a plain pass's (s, >= 0; 0 for a plain pass, a bad time, or before a
+        plain pass was seen): what the baseline would not have paid."""
         d = drafter_time_s
         if isinstance(d, bool) or not isinstance(d, int | float) or not math.isfinite(d) or d <= 0:
             return 0.0
         w = self.weight
+        if passes is not None:
+            self.planned = True
+            if passes == 0 and not adapters:
+                self.idle_s = d if self.n_idle == 0 else (1 - w) * self.idle_s + w * d
+                self.n_idle += 1
+                return 0.0
         if adapters:
             self.adapted_s = d if self.n_adapted == 0 else (1 - w) * self.adapted_s + w * d
             self.n_adapted += 1
@@ -134,6 +157,7 @@ class DrafterCost:
     def as_dict(self) -> dict[str, float | int | bool]:
         return {
             "plain_pass_ms": round(1e3 * self.plain_s, 2),
+            "fixed_ms": round(1e3 * self.fixed_s, 3),
             "adapted_pass_ms": round(1e3 * self.adapted_s, 2),
             "adapted_passes": self.n_adapted,
             "adapter_gain_tokens": round(self.gain_tokens, 3),

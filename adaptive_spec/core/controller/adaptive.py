@@ -249,9 +249,10 @@ class AdaptiveController(SpecPolicy):
         sampled = sum(batch.temp) / N
         B = view.batch_size
         curve_g, curve_s, mix = self.cost.part_curves(max(B, N), N * K, sampled)
-        # A draft model's pass (0 on other engines) is a fixed part of every step, outside the table
-        # and its load factor: added to both curves so that the kernel's load * curve includes it.
-        c_draft = self.drafter.plain_s
+        # The drafter's fixed part of every step (0 on other engines; DrafterCost.fixed_s) is outside
+        # the table and its load factor: added to both curves so that the kernel's load * curve
+        # includes it.
+        c_draft = self.drafter.fixed_s
         if c_draft > 0.0:
             off, same_part = c_draft / self.cost.load, curve_s is curve_g
             curve_g = curve_g + off
@@ -383,7 +384,11 @@ class AdaptiveController(SpecPolicy):
         # A draft model's pass is priced apart from the table (adaptive_spec.core.drafter_cost); the part
         # of it that LoRA adapters added is time the baseline would not have paid.
         d = outcome.drafter_time_s
-        extra = self.drafter.observe(d, outcome.drafter_adapters) if d > 0 else 0.0
+        extra = (
+            self.drafter.observe(d, outcome.drafter_adapters, outcome.drafter_passes)
+            if d > 0
+            else 0.0
+        )
         self.cost.update(
             outcome.batch_size,
             outcome.num_verified_tokens,
