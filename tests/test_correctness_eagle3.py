@@ -14,7 +14,9 @@ as ``method: "eagle3"``. The worker checks:
   static arm's k at most (no probes for longer chains a static arm never takes);
 * the KV-cache pass deferred on steps without draft passes (:mod:`adaptive_spec.vllm.deferred_kv`)
   leaves the drafter's cache as vLLM's own pass does: the first draft pass of every drafting step,
-  which attends to all earlier positions, gives the same output, and the head drafts the same tokens;
+  which attends to all earlier positions, gives the same output at each request's rows up to the one
+  its drafts are sampled from (later rows, at drafts rejected this step, are discarded), and the head
+  drafts the same tokens;
 * the head's linear layers run their products on bf16 weights in this float32 engine where the CPU
   has native bf16 (:mod:`adaptive_spec.vllm.drafter_bf16`), the target's never: every check above
   then runs with the converted head;
@@ -183,12 +185,13 @@ def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
     passes: list[int] = []
     drafts_made: list[list[list[int]]] = []
-    kv_seen: list[Any] = []  # per drafting step, the output of the drafter's first pass
+    # per drafting step, the output of the drafter's first pass at the rows drafts are built from
+    kv_seen: list[Any] = []
     orig = runner.drafter.propose
 
     model = runner.drafter.model
     orig_forward = model.forward
-    first_pass = {"want": False}
+    first_pass: dict[str, Any] = {"want": False, "rows": None}
 
     def recording_forward(*args: Any, **kw: Any) -> Any:
         # the first pass of a drafting step attends to the drafter's cached keys and values of every
@@ -196,16 +199,31 @@ def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
         out = orig_forward(*args, **kw)
         if first_pass["want"]:
             first_pass["want"] = False
-            kv_seen.append((out[0] if isinstance(out, tuple) else out).detach().clone())
+            h = (out[0] if isinstance(out, tuple) else out).detach()
+            kv_seen.append(h[first_pass["rows"]].clone())
         return out
 
     model.forward = recording_forward
+
+    def used_rows(kw: dict[str, Any]) -> Any:
+        # Each request's rows up to the one its drafts are sampled from: the rows after it (the
+        # positions of drafts rejected at this step) are discarded, and the last of them reads
+        # whatever the drafter's input buffer held (vLLM's input shift never writes it).
+        import torch
+
+        cad = kw["common_attn_metadata"]
+        starts = cad.query_start_loc[:-1].tolist()
+        ends = kw.get("token_indices_to_sample")
+        ends = (cad.query_start_loc[1:] - 1 if ends is None else ends).tolist()
+        return torch.tensor([i for a, b in zip(starts, ends, strict=True) for i in range(a, b + 1)])
 
     def counting(num_speculative_tokens: int, *args: Any, **kw: Any) -> Any:
         # vLLM's own drafter calls: with the KV-cache pass deferred, steps without draft passes
         # never get here (the deferral answers them)
         passes.append(int(num_speculative_tokens))
         first_pass["want"] = bool(num_speculative_tokens)
+        if num_speculative_tokens:
+            first_pass["rows"] = used_rows(kw)
         out = orig(num_speculative_tokens, *args, **kw)
         if num_speculative_tokens:
             drafts_made.append(out.tolist())
