@@ -31,22 +31,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from adaptive_spec.vllm.drafter_load import DrafterLoadSwitch
+
 logger = logging.getLogger(__name__)
 
 #: Set on each drafter layer whose products run in bf16 (True).
 MARK = "_adaptive_spec_bf16"
-
-_lock = threading.Lock()
-_depth = 0  # bf16_drafter() nesting
-_always = False  # enable_bf16_drafter()
-_patched = False
 
 
 def wants_bf16_drafter(engine_dtype: str, setting: bool | None = None) -> bool:
@@ -121,17 +117,12 @@ def _wrapped_dispatch(original: Callable[[Any, bool], None]) -> Callable[[Any, b
     return dispatch
 
 
-def _install_load_hook() -> None:
-    global _patched
-    if _patched:
-        return
+def _load_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``SpecDecodeBaseProposer._get_model`` with vLLM's CPU GEMM dispatch wrapped while the switch is on."""
     import vllm.model_executor.layers.utils as layer_utils
-    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
-
-    original = SpecDecodeBaseProposer._get_model
 
     def _get_model(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not (_depth > 0 or _always):
+        if not _switch.on:
             return original(self, *args, **kwargs)
         plain = layer_utils.dispatch_cpu_unquantized_gemm
         layer_utils.dispatch_cpu_unquantized_gemm = _wrapped_dispatch(plain)
@@ -144,33 +135,24 @@ def _install_load_hook() -> None:
         )
         return model
 
-    _get_model.__wrapped__ = original  # type: ignore[attr-defined]
-    SpecDecodeBaseProposer._get_model = _get_model
-    _patched = True
+    return _get_model
+
+
+_switch = DrafterLoadSwitch("_get_model", _load_hook)
 
 
 @contextlib.contextmanager
 def bf16_drafter() -> Iterator[None]:
     """Give bf16 products to every drafter vLLM loads in this process inside the block (build the engine
     in it: the engine core must run in this process)."""
-    global _depth
-    with _lock:
-        _install_load_hook()
-        _depth += 1
-    try:
+    with _switch.scoped():
         yield
-    finally:
-        with _lock:
-            _depth -= 1
 
 
 def enable_bf16_drafter() -> None:
     """Give bf16 products to every float32 drafter vLLM loads in this process from now on (the serve
     plugin calls it in the engine-core process). Idempotent."""
-    global _always
-    with _lock:
-        _install_load_hook()
-        _always = True
+    _switch.enable()
 
 
 def bf16_layers(model: torch.nn.Module) -> int:

@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from adaptive_spec.vllm.drafter_load import DrafterLoadSwitch
+
 logger = logging.getLogger(__name__)
 
 #: The fused linear layers of a Llama-style decoder layer that carry sites, in site-id order.
@@ -45,10 +47,7 @@ SITES_ATTR = "_adaptive_spec_lora_sites"
 # site id -> function(y, x) that adds the bound adapters' updates to y in place.
 _bound: dict[int, Callable[[torch.Tensor, torch.Tensor], None]] = {}
 _lock = threading.Lock()
-_depth = 0  # lora_sites() nesting
-_always = False  # enable_lora_sites()
 _engines = 0  # drafters given sites in this process
-_patched = False
 
 
 def _lora_add_(y: torch.Tensor, x: torch.Tensor, site: int) -> None:
@@ -155,43 +154,30 @@ def add_sites(model: Any) -> dict[tuple[int, str], int] | None:
     return sites
 
 
-def _install_load_hook() -> None:
-    global _patched
-    if _patched:
-        return
-    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
-
-    original = SpecDecodeBaseProposer.load_model
+def _load_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``SpecDecodeBaseProposer.load_model`` that adds sites to the loaded drafter while the switch is on."""
 
     def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = original(self, *args, **kwargs)
-        if _depth > 0 or _always:
+        if _switch.on:
             add_sites(self.model)
         return out
 
-    load_model.__wrapped__ = original  # type: ignore[attr-defined]
-    SpecDecodeBaseProposer.load_model = load_model
-    _patched = True
+    return load_model
+
+
+_switch = DrafterLoadSwitch("load_model", _load_hook)
 
 
 @contextlib.contextmanager
 def lora_sites() -> Iterator[None]:
     """Give sites to every drafter vLLM loads in this process inside the block (build the engine in it:
     the engine core must run in this process)."""
-    global _depth
-    _install_load_hook()
-    with _lock:
-        _depth += 1
-    try:
+    with _switch.scoped():
         yield
-    finally:
-        with _lock:
-            _depth -= 1
 
 
 def enable_lora_sites() -> None:
     """Give sites to every drafter vLLM loads in this process from now on (the serve plugin calls it
     in the engine-core process when ``lora:<name>`` proposers are configured). Idempotent."""
-    global _always
-    _install_load_hook()
-    _always = True
+    _switch.enable()
