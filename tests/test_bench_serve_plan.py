@@ -187,7 +187,8 @@ def test_server_command_and_env(tmp_path):
 
 def test_drafter_configs_run_on_the_drafters_engine(tmp_path):
     """``draft`` / ``lora:<adapter>`` arms run on the drafter's engine: ``--speculative-config`` names
-    the head (``eagle3``) with ``num_speculative_tokens = max_k``; LoRA arms add the ``uni`` executor
+    the head (``eagle3``) with ``num_speculative_tokens = max_k`` and 32-token KV-cache blocks (vLLM
+    drops an EAGLE engine's prefix-cache hit back by one block); LoRA arms add the ``uni`` executor
     (the adapters live in the engine-core process's drafter); ``adaptive+lora`` expands into every
     adapter the drafter stores."""
     by = {c.name: c for c in sp.parse_server_configs(
@@ -203,6 +204,7 @@ def test_drafter_configs_run_on_the_drafters_engine(tmp_path):
     cmd = server_command(by["adaptive+draft"], s, 1)
     spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
     assert spec == {"method": "eagle3", "model": str(head), "num_speculative_tokens": 8}
+    assert cmd[cmd.index("--block-size") + 1] == "32"  # the EAGLE engine's block size (build_llm's)
     assert "--distributed-executor-backend" not in cmd
     env = server_env(by["adaptive+draft"], s, state=tmp_path / "p.json", base={})
     assert env["ADAPTIVE_SPEC_PROPOSERS"] == "none,ngram,jacobi,draft"

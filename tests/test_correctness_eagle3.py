@@ -59,6 +59,7 @@ CHECKS = (
     "lora-adaptive",
     "drafter-prior",
     "drafter-bf16",
+    "block-size",
 )
 TIMEOUT_S = 420
 
@@ -496,6 +497,17 @@ def _worker(target_dir: str, head_dir: str, out_path: str, tmp: str) -> None:
         return f"{got} drafter layers in bf16"
 
     check("drafter-bf16", drafter_bf16)
+
+    def block_size():
+        # build_llm gives an EAGLE engine small KV-cache blocks: vLLM drops its prefix-cache hits
+        # back by one block
+        from adaptive_spec.vllm.engine import EAGLE_BLOCK_SIZE
+
+        got = runner.vllm_config.cache_config.block_size
+        assert got == EAGLE_BLOCK_SIZE, got
+        return f"block size {got}"
+
+    check("block-size", block_size)
 
 
 # -- tests -----------------------------------------------------------------------------------------

@@ -8,6 +8,11 @@ from pathlib import Path
 from typing import Any
 
 ENGINE_METHODS = ("ngram", "draft_model", "eagle3", None)
+#: KV-cache block size (tokens) of an engine with an EAGLE head, unless the caller gives one. On a
+#: prefix-cache hit vLLM drops an EAGLE engine's hit back by one block (the head needs the target's
+#: hidden states there), so every hit recomputes up to a block of the prompt: 128 tokens at vLLM's CPU
+#: default, 32 (the CPU backend's smallest) here. Measured on long prompts, docs/drafts.md.
+EAGLE_BLOCK_SIZE = 32
 
 
 def prepare_engine_env() -> None:
@@ -116,6 +121,9 @@ def build_llm(
         Run the drafter's matrix products on bf16 copies of its weights
         (:mod:`adaptive_spec.vllm.drafter_bf16`): half the bytes a draft pass reads, the same output.
         None (the default): yes in a float32 engine on a CPU with native bf16, no otherwise.
+    **kwargs
+        More ``vllm.LLM`` arguments. An engine with an EAGLE-3 head gets ``block_size``
+        :data:`EAGLE_BLOCK_SIZE` unless given.
 
     Raises
     ------
@@ -161,6 +169,8 @@ def build_llm(
         spec["model"] = str(draft_model)
     if spec is not None and speculative_extra:
         spec.update(speculative_extra)
+    if method == "eagle3":
+        kwargs.setdefault("block_size", EAGLE_BLOCK_SIZE)
     from adaptive_spec.vllm.drafter_bf16 import bf16_drafter, wants_bf16_drafter
     from adaptive_spec.vllm.lora_sites import lora_sites as sites
 

@@ -129,6 +129,10 @@ def server_command(cfg: ServerConfig, settings: ServerSettings, port: int) -> li
     spec = s.speculative_config(cfg)
     if spec is not None:
         cmd += ["--speculative-config", json.dumps(spec)]
+        if spec.get("method") == "eagle3":
+            from adaptive_spec.vllm.engine import EAGLE_BLOCK_SIZE
+
+            cmd += ["--block-size", str(EAGLE_BLOCK_SIZE)]  # as build_llm gives an EAGLE engine
     if cfg.lora:
         # the adapters live in the drafter of the engine-core process (docs/serving.md)
         cmd += ["--distributed-executor-backend", "uni"]
